@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace depot::bench {
+
+// Options every suite understands (parsed and validated by the CLI before a suite runs).
+struct options {
+  std::string device = "all";        // host | cuda | hip | all (the enabled ones)
+  std::size_t bytes = std::size_t{256} << 20;
+  int repetitions = 10;
+  int warmup = 2;
+};
+
+// Median of a sample of times, in the sample's unit. The sample must not be empty.
+inline double median(std::vector<double> samples)
+{
+  std::sort(samples.begin(), samples.end());
+  const std::size_t n = samples.size();
+  return n % 2 == 1 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
+}
+
+// A suite prints its table to stdout and returns its results as JSON.
+using suite_fn = nlohmann::json (*)(const options&);
+
+nlohmann::json run_info(const options& opts);
+
+}  // namespace depot::bench

@@ -1,0 +1,32 @@
+#!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
+# test_cli.sh DEPOT_BENCH: the CLI runs its default suite, writes valid JSON, and refuses
+# bad arguments with a message naming them.
+set -u
+bench=$1
+tmp=$(mktemp -d) || exit 2
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+check() { if "$@"; then :; else echo "FAILED: $*"; fail=1; fi; }
+
+"$bench" --size 4MiB --repetitions 3 --json "$tmp/r.json" > "$tmp/out" 2>&1
+check test $? -eq 0
+check grep -q "host:0" "$tmp/out"
+check grep -q "copy device->device" "$tmp/out"
+check python3 -c "import json,sys; r=json.load(open('$tmp/r.json')); s=r['suites'][0]; \
+assert s['suite']=='info'; d=s['devices'][0]; assert d['id']=='host:0'; \
+assert all(x['gbps']>0 for x in d['results']), d" 
+
+"$bench" info --device host --size 1MiB --repetitions 2 > "$tmp/out" 2>&1
+check test $? -eq 0
+
+for bad in "--device tpu" "--size 0" "--repetitions 0" "--size lots" "nosuchsuite"; do
+  # shellcheck disable=SC2086
+  if "$bench" $bad > "$tmp/err" 2>&1; then
+    echo "FAILED: depot-bench $bad was accepted"; fail=1
+  fi
+  word=${bad#--}; word=${word%% *}
+  check grep -qi -- "$word" "$tmp/err"
+done
+[ $fail -eq 0 ] && echo "bench-cli: all checks passed"
+exit $fail

@@ -1,0 +1,390 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#pragma once
+
+// The GPU backend, written once. Included after a backend's name table (cuda_api.hpp or
+// hip_api.hpp) by that backend's one .cpp file, which instantiates gpu_runtime<Api>.
+
+#include <depot/hal/device_id.hpp>
+#include <depot/hal/error.hpp>
+#include <depot/hal/expects.hpp>
+#include <depot/hal/format_bytes.hpp>
+#include <depot/hal/gpu/gpu_runtime.hpp>
+#include <depot/hal/out_of_memory.hpp>
+
+#include <string>
+
+namespace depot::hal::detail {
+
+// Out of line and cold: builds the message, clears the backend's per-thread error state.
+template <class Api>
+[[noreturn, gnu::cold, gnu::noinline]] void throw_gpu_error(typename Api::error_t status,
+                                                          const char* call, const char* file,
+                                                          int line)
+{
+  (void)Api::get_last_error();
+  std::string what = std::string{"depot: "} + Api::name + " call `" + call + "` failed at " +
+                     file + ":" + std::to_string(line) + ": " + Api::error_name(status) + " (" +
+                     std::to_string(static_cast<int>(status)) + "): " + Api::error_string(status);
+  throw depot::error(what, call, file, line, static_cast<int>(status), Api::error_name(status));
+}
+
+}  // namespace depot::hal::detail
+
+// DEPOT_GPU_TRY(call): runs a backend call of the current `Api`; on failure throws
+// depot::error naming the call, the place and the backend's error.
+#define DEPOT_GPU_TRY(call)                                                                 \
+  do {                                                                                      \
+    if (auto depot_gpu_status = (call); depot_gpu_status != Api::success) [[unlikely]] {    \
+      ::depot::hal::detail::throw_gpu_error<Api>(depot_gpu_status, #call, __FILE__, __LINE__); \
+    }                                                                                       \
+  } while (false)
+
+namespace depot::hal {
+
+namespace detail {
+
+// Makes `device` current for one scope when it is not already; restores the previous one.
+template <class Api>
+class scoped_device {
+ public:
+  explicit scoped_device(int device)
+  {
+    DEPOT_GPU_TRY(Api::get_device(&previous_));
+    if (previous_ != device) {
+      DEPOT_GPU_TRY(Api::set_device(device));
+      changed_ = true;
+    }
+  }
+  scoped_device(const scoped_device&) = delete;
+  scoped_device& operator=(const scoped_device&) = delete;
+  // Restores a device that was current a moment ago; nothing useful to report on failure.
+  ~scoped_device() noexcept
+  {
+    if (changed_ && Api::set_device(previous_) != Api::success) (void)Api::get_last_error();
+  }
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+template <class Api>
+typename Api::stream_t to_native(native_stream s) noexcept
+{
+  return static_cast<typename Api::stream_t>(s);
+}
+
+template <class Api>
+typename Api::event_t to_native_event(native_event e) noexcept
+{
+  return static_cast<typename Api::event_t>(e);
+}
+
+}  // namespace detail
+
+template <class Api>
+int gpu_runtime<Api>::device_count() noexcept
+{
+  // A machine without a driver or a device has 0 devices, not an error.
+  static const int count = [] {
+    int n = 0;
+    if (Api::get_device_count(&n) != Api::success) {
+      (void)Api::get_last_error();
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
+template <class Api>
+void gpu_runtime<Api>::check_device(int device)
+{
+  const int count = device_count();
+  DEPOT_EXPECTS(device >= 0 && device < count,
+                std::string{"depot: "} + Api::name + " device index " + std::to_string(device) +
+                    " is out of range: this machine has " + std::to_string(count) + " " +
+                    Api::name + " device(s), valid indices are [0, " + std::to_string(count) + ")");
+}
+
+template <class Api>
+int gpu_runtime<Api>::current_device()
+{
+  int device = 0;
+  DEPOT_GPU_TRY(Api::get_device(&device));
+  return device;
+}
+
+template <class Api>
+void gpu_runtime<Api>::set_device(int device)
+{
+  check_device(device);
+  DEPOT_GPU_TRY(Api::set_device(device));
+}
+
+template <class Api>
+device_properties gpu_runtime<Api>::properties(int device)
+{
+  check_device(device);
+  typename Api::properties_t p{};
+  DEPOT_GPU_TRY(Api::get_properties(&p, device));
+  int clock_khz = 0;
+  int bus_bits = 0;
+  DEPOT_GPU_TRY(Api::get_attribute(&clock_khz, Api::memory_clock_khz, device));
+  DEPOT_GPU_TRY(Api::get_attribute(&bus_bits, Api::memory_bus_bits, device));
+  device_properties out;
+  out.id = device_id{Api::kind, device};
+  out.name = p.name;
+  out.arch = Api::arch_name(p);
+  out.compute_major = p.major;
+  out.compute_minor = p.minor;
+  out.multiprocessors = p.multiProcessorCount;
+  out.total_memory = p.totalGlobalMem;
+  out.l2_cache_bytes = static_cast<std::size_t>(p.l2CacheSize);
+  // Double data rate: two transfers per memory clock, bus width in bits.
+  out.memory_bandwidth_gbps = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+  return out;
+}
+
+template <class Api>
+memory_info gpu_runtime<Api>::memory(int device)
+{
+  check_device(device);
+  detail::scoped_device<Api> on{device};
+  memory_info info;
+  DEPOT_GPU_TRY(Api::mem_get_info(&info.free_bytes, &info.total_bytes));
+  return info;
+}
+
+template <class Api>
+void* gpu_runtime<Api>::allocate(std::size_t bytes, int device)
+{
+  check_device(device);
+  if (bytes == 0) return nullptr;
+  detail::scoped_device<Api> on{device};
+  void* ptr = nullptr;
+  const auto status = Api::malloc(&ptr, bytes);
+  if (status == Api::memory_allocation) {
+    (void)Api::get_last_error();
+    std::string state = "free/total unknown";
+    std::size_t free_bytes = 0;
+    std::size_t total_bytes = 0;
+    if (Api::mem_get_info(&free_bytes, &total_bytes) == Api::success) {
+      state = format_bytes(free_bytes) + " free of " + format_bytes(total_bytes);
+    } else {
+      (void)Api::get_last_error();
+    }
+    const device_id id{Api::kind, device};
+    throw out_of_memory("depot: " + id.to_string() + " out of memory: requested " +
+                            format_bytes(bytes) + " (" + std::to_string(bytes) +
+                            " bytes); the device has " + state,
+                        bytes, id);
+  }
+  DEPOT_GPU_TRY(status);
+  return ptr;
+}
+
+template <class Api>
+void gpu_runtime<Api>::deallocate(void* ptr, int device) noexcept
+{
+  // A free that fails leaves nothing for the caller to do; it must not throw in teardown.
+  if (ptr == nullptr) return;
+  int previous = 0;
+  const bool switch_device = Api::get_device(&previous) == Api::success && previous != device;
+  if (switch_device && Api::set_device(device) != Api::success) (void)Api::get_last_error();
+  if (Api::free(ptr) != Api::success) (void)Api::get_last_error();
+  if (switch_device && Api::set_device(previous) != Api::success) (void)Api::get_last_error();
+}
+
+template <class Api>
+void* gpu_runtime<Api>::allocate_pinned(std::size_t bytes)
+{
+  if (bytes == 0) return nullptr;
+  void* ptr = nullptr;
+  const auto status = Api::malloc_host(&ptr, bytes);
+  if (status == Api::memory_allocation) {
+    (void)Api::get_last_error();
+    const device_id id{device_kind::host, 0};
+    throw out_of_memory("depot: " + std::string{Api::name} +
+                            " pinned host allocation failed: requested " + format_bytes(bytes) +
+                            " (" + std::to_string(bytes) + " bytes)",
+                        bytes, id);
+  }
+  DEPOT_GPU_TRY(status);
+  return ptr;
+}
+
+template <class Api>
+void gpu_runtime<Api>::deallocate_pinned(void* ptr) noexcept
+{
+  // As deallocate: nothing to report to a caller that is releasing memory.
+  if (ptr != nullptr && Api::free_host(ptr) != Api::success) (void)Api::get_last_error();
+}
+
+template <class Api>
+void gpu_runtime<Api>::copy(void* dst, const void* src, std::size_t bytes)
+{
+  if (bytes == 0) return;
+  DEPOT_EXPECTS(dst != nullptr && src != nullptr,
+                "depot: copy of " + std::to_string(bytes) + " bytes with a null pointer");
+  DEPOT_GPU_TRY(Api::memcpy(dst, src, bytes));
+}
+
+template <class Api>
+void gpu_runtime<Api>::copy_async(void* dst, const void* src, std::size_t bytes,
+                                  native_stream stream)
+{
+  if (bytes == 0) return;
+  DEPOT_EXPECTS(dst != nullptr && src != nullptr,
+                "depot: copy of " + std::to_string(bytes) + " bytes with a null pointer");
+  DEPOT_GPU_TRY(Api::memcpy_async(dst, src, bytes, detail::to_native<Api>(stream)));
+}
+
+template <class Api>
+void gpu_runtime<Api>::copy_peer_async(void* dst, int dst_device, const void* src,
+                                       int src_device, std::size_t bytes, native_stream stream)
+{
+  check_device(dst_device);
+  check_device(src_device);
+  if (bytes == 0) return;
+  DEPOT_EXPECTS(dst != nullptr && src != nullptr,
+                "depot: peer copy of " + std::to_string(bytes) + " bytes with a null pointer");
+  DEPOT_GPU_TRY(Api::memcpy_peer_async(dst, dst_device, src, src_device, bytes,
+                                       detail::to_native<Api>(stream)));
+}
+
+template <class Api>
+void gpu_runtime<Api>::set_async(void* dst, int value, std::size_t bytes, native_stream stream)
+{
+  if (bytes == 0) return;
+  DEPOT_EXPECTS(dst != nullptr, "depot: memset of " + std::to_string(bytes) +
+                                    " bytes with a null pointer");
+  DEPOT_GPU_TRY(Api::memset_async(dst, value, bytes, detail::to_native<Api>(stream)));
+}
+
+template <class Api>
+bool gpu_runtime<Api>::can_access_peer(int device, int peer)
+{
+  check_device(device);
+  check_device(peer);
+  if (device == peer) return true;
+  int can = 0;
+  DEPOT_GPU_TRY(Api::can_access_peer(&can, device, peer));
+  return can != 0;
+}
+
+template <class Api>
+void gpu_runtime<Api>::enable_peer_access(int device, int peer)
+{
+  check_device(device);
+  check_device(peer);
+  if (device == peer) return;
+  detail::scoped_device<Api> on{device};
+  const auto status = Api::enable_peer_access(peer);
+  if (status == Api::peer_access_already_enabled) {
+    (void)Api::get_last_error();
+    return;
+  }
+  DEPOT_GPU_TRY(status);
+}
+
+template <class Api>
+native_stream gpu_runtime<Api>::create_stream(int device)
+{
+  check_device(device);
+  detail::scoped_device<Api> on{device};
+  typename Api::stream_t s{};
+  DEPOT_GPU_TRY(Api::stream_create(&s, Api::stream_non_blocking));
+  return static_cast<native_stream>(s);
+}
+
+template <class Api>
+void gpu_runtime<Api>::destroy_stream(native_stream stream, int device) noexcept
+{
+  // Destroying a stream with queued work is allowed: the work still completes.
+  (void)device;
+  if (stream != nullptr && Api::stream_destroy(detail::to_native<Api>(stream)) != Api::success)
+    (void)Api::get_last_error();
+}
+
+template <class Api>
+void gpu_runtime<Api>::synchronize_stream(native_stream stream)
+{
+  DEPOT_GPU_TRY(Api::stream_synchronize(detail::to_native<Api>(stream)));
+}
+
+template <class Api>
+bool gpu_runtime<Api>::query_stream(native_stream stream)
+{
+  const auto status = Api::stream_query(detail::to_native<Api>(stream));
+  if (status == Api::not_ready) return false;
+  DEPOT_GPU_TRY(status);
+  return true;
+}
+
+template <class Api>
+native_event gpu_runtime<Api>::create_event(int device, bool timing)
+{
+  check_device(device);
+  detail::scoped_device<Api> on{device};
+  typename Api::event_t e{};
+  DEPOT_GPU_TRY(Api::event_create(&e, timing ? Api::event_default : Api::event_disable_timing));
+  return static_cast<native_event>(e);
+}
+
+template <class Api>
+void gpu_runtime<Api>::destroy_event(native_event event, int device) noexcept
+{
+  // As destroy_stream: an event may be destroyed while its work is still pending.
+  (void)device;
+  if (event != nullptr && Api::event_destroy(detail::to_native_event<Api>(event)) != Api::success)
+    (void)Api::get_last_error();
+}
+
+template <class Api>
+void gpu_runtime<Api>::record_event(native_event event, native_stream stream)
+{
+  DEPOT_GPU_TRY(Api::event_record(detail::to_native_event<Api>(event), detail::to_native<Api>(stream)));
+}
+
+template <class Api>
+bool gpu_runtime<Api>::query_event(native_event event)
+{
+  const auto status = Api::event_query(detail::to_native_event<Api>(event));
+  if (status == Api::not_ready) return false;
+  DEPOT_GPU_TRY(status);
+  return true;
+}
+
+template <class Api>
+void gpu_runtime<Api>::synchronize_event(native_event event)
+{
+  DEPOT_GPU_TRY(Api::event_synchronize(detail::to_native_event<Api>(event)));
+}
+
+template <class Api>
+void gpu_runtime<Api>::wait_event(native_stream stream, native_event event)
+{
+  DEPOT_GPU_TRY(Api::stream_wait_event(detail::to_native<Api>(stream),
+                                       detail::to_native_event<Api>(event)));
+}
+
+template <class Api>
+float gpu_runtime<Api>::elapsed_ms(native_event start, native_event stop)
+{
+  float ms = 0.0F;
+  DEPOT_GPU_TRY(Api::event_elapsed(&ms, detail::to_native_event<Api>(start),
+                                   detail::to_native_event<Api>(stop)));
+  return ms;
+}
+
+template <class Api>
+void gpu_runtime<Api>::synchronize(int device)
+{
+  check_device(device);
+  detail::scoped_device<Api> on{device};
+  DEPOT_GPU_TRY(Api::device_synchronize());
+}
+
+}  // namespace depot::hal

@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#pragma once
+
+// The HIP name table for the shared GPU implementation. The only header that includes
+// HIP's runtime API; included only by files in hal/hip/. Compiled by the host compiler
+// (no device code), on the AMD platform.
+#ifndef __HIP_PLATFORM_AMD__
+#define __HIP_PLATFORM_AMD__ 1
+#endif
+#include <hip/hip_runtime_api.h>
+
+#include <depot/hal/device_kind.hpp>
+
+#include "../gpu/gpu_api_table.hpp"
+
+#include <cstddef>
+#include <cstring>
+#include <string>
+
+namespace depot::hal {
+
+struct hip_api {
+  using properties_t = hipDeviceProp_t;
+  using attribute_t = hipDeviceAttribute_t;
+  static constexpr device_kind kind = device_kind::hip;
+  static constexpr const char* name = "HIP";
+  static constexpr attribute_t memory_clock_khz = hipDeviceAttributeMemoryClockRate;
+  static constexpr attribute_t memory_bus_bits = hipDeviceAttributeMemoryBusWidth;
+
+  DEPOT_GPU_API_TABLE(hip)
+
+  static error_t malloc_host(void** p, std::size_t n)
+  {
+    return hipHostMalloc(p, n, hipHostMallocDefault);
+  }
+  static error_t free_host(void* p) { return hipHostFree(p); }
+  // "gfx90a:sramecc+:xnack-" -> "gfx90a"
+  static std::string arch_name(const properties_t& p)
+  {
+    std::string arch{p.gcnArchName, ::strnlen(p.gcnArchName, sizeof p.gcnArchName)};
+    return arch.substr(0, arch.find(':'));
+  }
+};
+
+}  // namespace depot::hal

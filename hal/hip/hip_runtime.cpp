@@ -1,0 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#include "hip_api.hpp"
+
+#include "../gpu/gpu_runtime_impl.hpp"
+
+namespace depot::hal {
+template class gpu_runtime<hip_api>;
+}  // namespace depot::hal

@@ -1,0 +1,219 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#include <depot/hal/device_id.hpp>
+#include <depot/hal/expects.hpp>
+#include <depot/hal/format_bytes.hpp>
+#include <depot/hal/host/host_runtime.hpp>
+#include <depot/hal/out_of_memory.hpp>
+
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <thread>
+
+namespace depot::hal {
+
+namespace {
+
+struct host_stream {
+  int device;
+};
+
+struct host_event {
+  bool timing;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point when{};
+};
+
+// Reads "Key:   value" from a /proc text file; empty when absent.
+std::string proc_field(const char* path, const std::string& key)
+{
+  std::ifstream in{path};
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.compare(0, key.size(), key) == 0) {
+      const auto colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      const auto start = line.find_first_not_of(" \t", colon + 1);
+      return start == std::string::npos ? std::string{} : line.substr(start);
+    }
+  }
+  return {};
+}
+
+std::size_t meminfo_bytes(const std::string& key)
+{
+  const auto text = proc_field("/proc/meminfo", key);  // "12345 kB"
+  return text.empty() ? 0 : std::strtoull(text.c_str(), nullptr, 10) * 1024;
+}
+
+void* aligned_or_throw(std::size_t bytes, const char* what)
+{
+  constexpr auto a = host_runtime::alignment;
+  const device_id id{device_kind::host, 0};
+  if (bytes > std::numeric_limits<std::size_t>::max() - a) {
+    throw out_of_memory(std::string{"depot: host "} + what + " of " + std::to_string(bytes) +
+                            " bytes exceeds the address space",
+                        bytes, id);
+  }
+  void* ptr = std::aligned_alloc(a, (bytes + a - 1) / a * a);
+  if (ptr == nullptr) {
+    throw out_of_memory(std::string{"depot: host out of memory: "} + what + " of " +
+                            format_bytes(bytes) + " (" + std::to_string(bytes) +
+                            " bytes) failed; the system has " +
+                            format_bytes(meminfo_bytes("MemAvailable")) + " available of " +
+                            format_bytes(meminfo_bytes("MemTotal")),
+                        bytes, id);
+  }
+  return ptr;
+}
+
+host_event* as_event(native_event e) noexcept { return static_cast<host_event*>(e); }
+
+}  // namespace
+
+void host_runtime::check_device(int device)
+{
+  DEPOT_EXPECTS(device == 0, "depot: host device index " + std::to_string(device) +
+                                 " is out of range: the host backend has 1 device, valid "
+                                 "indices are [0, 1)");
+}
+
+void host_runtime::set_device(int device) { check_device(device); }
+
+device_properties host_runtime::properties(int device)
+{
+  check_device(device);
+  device_properties p;
+  p.id = device_id{device_kind::host, 0};
+  p.name = proc_field("/proc/cpuinfo", "model name");
+  if (p.name.empty()) p.name = "host CPU";
+  utsname u{};
+  p.arch = ::uname(&u) == 0 ? u.machine : "unknown";
+  p.multiprocessors = static_cast<int>(std::thread::hardware_concurrency());
+  p.total_memory = meminfo_bytes("MemTotal");
+  const long cache = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+  p.l2_cache_bytes = cache > 0 ? static_cast<std::size_t>(cache) : 0;
+  return p;
+}
+
+memory_info host_runtime::memory(int device)
+{
+  check_device(device);
+  return memory_info{meminfo_bytes("MemAvailable"), meminfo_bytes("MemTotal")};
+}
+
+void* host_runtime::allocate(std::size_t bytes, int device)
+{
+  check_device(device);
+  return bytes == 0 ? nullptr : aligned_or_throw(bytes, "allocation");
+}
+
+void host_runtime::deallocate(void* ptr, int /*device*/) noexcept { std::free(ptr); }
+
+void* host_runtime::allocate_pinned(std::size_t bytes)
+{
+  return bytes == 0 ? nullptr : aligned_or_throw(bytes, "pinned allocation");
+}
+
+void host_runtime::deallocate_pinned(void* ptr) noexcept { std::free(ptr); }
+
+void host_runtime::copy(void* dst, const void* src, std::size_t bytes)
+{
+  if (bytes == 0) return;
+  DEPOT_EXPECTS(dst != nullptr && src != nullptr,
+                "depot: copy of " + std::to_string(bytes) + " bytes with a null pointer");
+  std::memmove(dst, src, bytes);
+}
+
+void host_runtime::copy_async(void* dst, const void* src, std::size_t bytes, native_stream)
+{
+  copy(dst, src, bytes);
+}
+
+void host_runtime::copy_peer_async(void* dst, int dst_device, const void* src, int src_device,
+                                   std::size_t bytes, native_stream)
+{
+  check_device(dst_device);
+  check_device(src_device);
+  copy(dst, src, bytes);
+}
+
+void host_runtime::set_async(void* dst, int value, std::size_t bytes, native_stream)
+{
+  if (bytes == 0) return;
+  DEPOT_EXPECTS(dst != nullptr,
+                "depot: memset of " + std::to_string(bytes) + " bytes with a null pointer");
+  std::memset(dst, value, bytes);
+}
+
+bool host_runtime::can_access_peer(int device, int peer)
+{
+  check_device(device);
+  check_device(peer);
+  return true;
+}
+
+void host_runtime::enable_peer_access(int device, int peer)
+{
+  check_device(device);
+  check_device(peer);
+}
+
+native_stream host_runtime::create_stream(int device)
+{
+  check_device(device);
+  return new host_stream{device};
+}
+
+void host_runtime::destroy_stream(native_stream stream, int) noexcept
+{
+  delete static_cast<host_stream*>(stream);
+}
+
+void host_runtime::synchronize_stream(native_stream) {}
+
+bool host_runtime::query_stream(native_stream) { return true; }
+
+native_event host_runtime::create_event(int device, bool timing)
+{
+  check_device(device);
+  return new host_event{timing};
+}
+
+void host_runtime::destroy_event(native_event event, int) noexcept { delete as_event(event); }
+
+void host_runtime::record_event(native_event event, native_stream)
+{
+  DEPOT_EXPECTS(event != nullptr, "depot: record of a null host event");
+  as_event(event)->recorded = true;
+  as_event(event)->when = std::chrono::steady_clock::now();
+}
+
+bool host_runtime::query_event(native_event) { return true; }
+
+void host_runtime::synchronize_event(native_event) {}
+
+void host_runtime::wait_event(native_stream, native_event) {}
+
+float host_runtime::elapsed_ms(native_event start, native_event stop)
+{
+  const host_event* a = as_event(start);
+  const host_event* b = as_event(stop);
+  DEPOT_EXPECTS(a != nullptr && b != nullptr, "depot: elapsed_ms of a null host event");
+  DEPOT_EXPECTS(a->timing && b->timing,
+                "depot: elapsed_ms needs two events created with timing = true");
+  DEPOT_EXPECTS(a->recorded && b->recorded,
+                "depot: elapsed_ms needs two events that have been recorded");
+  return std::chrono::duration<float, std::milli>(b->when - a->when).count();
+}
+
+void host_runtime::synchronize(int device) { check_device(device); }
+
+}  // namespace depot::hal

@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#pragma once
+
+#include <depot/hal/device_properties.hpp>
+#include <depot/hal/memory_info.hpp>
+#include <depot/hal/native_handle.hpp>
+
+#include <concepts>
+#include <cstddef>
+
+namespace depot::hal {
+
+// The operations every backend provides, as static functions of one class. All are
+// thread-safe. Device indices are checked (depot::invalid_argument); failures throw
+// depot::error, failed allocations depot::out_of_memory; destroy/free functions are
+// noexcept. Asynchronous functions are ordered on the stream they take.
+template <class R>
+concept backend_runtime = requires(void* p, const void* cp, std::size_t n, int d, native_stream s,
+                                   native_event e, bool b) {
+  { R::device_count() } -> std::same_as<int>;
+  { R::current_device() } -> std::same_as<int>;
+  { R::set_device(d) } -> std::same_as<void>;
+  { R::check_device(d) } -> std::same_as<void>;
+  { R::properties(d) } -> std::same_as<device_properties>;
+  { R::memory(d) } -> std::same_as<memory_info>;
+  { R::allocate(n, d) } -> std::same_as<void*>;
+  { R::deallocate(p, d) } noexcept -> std::same_as<void>;
+  { R::allocate_pinned(n) } -> std::same_as<void*>;
+  { R::deallocate_pinned(p) } noexcept -> std::same_as<void>;
+  { R::copy(p, cp, n) } -> std::same_as<void>;
+  { R::copy_async(p, cp, n, s) } -> std::same_as<void>;
+  { R::copy_peer_async(p, d, cp, d, n, s) } -> std::same_as<void>;
+  { R::set_async(p, d, n, s) } -> std::same_as<void>;
+  { R::can_access_peer(d, d) } -> std::same_as<bool>;
+  { R::enable_peer_access(d, d) } -> std::same_as<void>;
+  { R::create_stream(d) } -> std::same_as<native_stream>;
+  { R::destroy_stream(s, d) } noexcept -> std::same_as<void>;
+  { R::synchronize_stream(s) } -> std::same_as<void>;
+  { R::query_stream(s) } -> std::same_as<bool>;
+  { R::create_event(d, b) } -> std::same_as<native_event>;
+  { R::destroy_event(e, d) } noexcept -> std::same_as<void>;
+  { R::record_event(e, s) } -> std::same_as<void>;
+  { R::query_event(e) } -> std::same_as<bool>;
+  { R::synchronize_event(e) } -> std::same_as<void>;
+  { R::wait_event(s, e) } -> std::same_as<void>;
+  { R::elapsed_ms(e, e) } -> std::same_as<float>;
+  { R::synchronize(d) } -> std::same_as<void>;
+};
+
+}  // namespace depot::hal

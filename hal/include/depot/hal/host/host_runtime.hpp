@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#pragma once
+
+#include <depot/hal/backend_runtime.hpp>
+#include <depot/hal/device_properties.hpp>
+#include <depot/hal/memory_info.hpp>
+#include <depot/hal/native_handle.hpp>
+
+#include <cstddef>
+
+namespace depot::hal {
+
+// The host backend: one device (index 0), memory from the C++ heap aligned to 256 bytes,
+// "pinned" memory is ordinary memory. Streams and events are real objects with identity,
+// but work submitted to a stream completes before the call returns, so queries are always
+// true and waits return at once. Thread-safe.
+class host_runtime {
+ public:
+  static constexpr std::size_t alignment = 256;
+
+  static int device_count() noexcept { return 1; }
+  static int current_device() noexcept { return 0; }
+  static void set_device(int device);
+  static void check_device(int device);
+  static device_properties properties(int device);
+  static memory_info memory(int device);
+
+  static void* allocate(std::size_t bytes, int device);
+  static void deallocate(void* ptr, int device) noexcept;
+  static void* allocate_pinned(std::size_t bytes);
+  static void deallocate_pinned(void* ptr) noexcept;
+
+  static void copy(void* dst, const void* src, std::size_t bytes);
+  static void copy_async(void* dst, const void* src, std::size_t bytes, native_stream stream);
+  static void copy_peer_async(void* dst, int dst_device, const void* src, int src_device,
+                              std::size_t bytes, native_stream stream);
+  static void set_async(void* dst, int value, std::size_t bytes, native_stream stream);
+  static bool can_access_peer(int device, int peer);
+  static void enable_peer_access(int device, int peer);
+
+  static native_stream create_stream(int device);
+  static void destroy_stream(native_stream stream, int device) noexcept;
+  static void synchronize_stream(native_stream stream);
+  static bool query_stream(native_stream stream);
+
+  static native_event create_event(int device, bool timing);
+  static void destroy_event(native_event event, int device) noexcept;
+  static void record_event(native_event event, native_stream stream);
+  static bool query_event(native_event event);
+  static void synchronize_event(native_event event);
+  static void wait_event(native_stream stream, native_event event);
+  static float elapsed_ms(native_event start, native_event stop);
+
+  static void synchronize(int device);
+};
+
+static_assert(backend_runtime<host_runtime>);
+
+}  // namespace depot::hal

@@ -1,0 +1,26 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+// The umbrella header: everything public in depot, layer by layer.
+#pragma once
+
+#include <depot/config.hpp>
+
+// hal/
+#include <depot/hal/device.hpp>
+#include <depot/hal/device_guard.hpp>
+#include <depot/hal/device_id.hpp>
+#include <depot/hal/device_properties.hpp>
+#include <depot/hal/error.hpp>
+#include <depot/hal/event.hpp>
+#include <depot/hal/expects.hpp>
+#include <depot/hal/format_bytes.hpp>
+#include <depot/hal/invalid_argument.hpp>
+#include <depot/hal/memory_info.hpp>
+#include <depot/hal/out_of_memory.hpp>
+#include <depot/hal/runtime.hpp>
+#include <depot/hal/stream.hpp>
+#include <depot/hal/stream_ref.hpp>
+
+// ops/
+#include <depot/ops/fill.hpp>
+#include <depot/ops/kokkos_runtime.hpp>

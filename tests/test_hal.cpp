@@ -1,0 +1,401 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#include "test_devices.hpp"
+
+#include <doctest/doctest.h>
+
+#include <depot/hal/device_guard.hpp>
+#include <depot/hal/device_id.hpp>
+#include <depot/hal/error.hpp>
+#include <depot/hal/event.hpp>
+#include <depot/hal/format_bytes.hpp>
+#include <depot/hal/invalid_argument.hpp>
+#include <depot/hal/out_of_memory.hpp>
+#include <depot/hal/runtime.hpp>
+#include <depot/hal/stream.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+// Device memory released by the runtime when the test leaves scope, also on failure.
+template <depot::device D>
+struct device_buffer {
+  device_buffer(std::size_t n, int device = 0)
+      : bytes{n}, dev{device}, ptr{depot::runtime<D>::allocate(n, device)}
+  {
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { depot::runtime<D>::deallocate(ptr, dev); }
+  std::size_t bytes;
+  int dev;
+  void* ptr;
+};
+
+template <depot::device D>
+struct pinned_buffer {
+  explicit pinned_buffer(std::size_t n) : ptr{depot::runtime<D>::allocate_pinned(n)} {}
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+  ~pinned_buffer() { depot::runtime<D>::deallocate_pinned(ptr); }
+  std::byte* data() const { return static_cast<std::byte*>(ptr); }
+  void* ptr;
+};
+
+std::vector<std::byte> random_bytes(std::size_t n, std::uint64_t seed)
+{
+  std::mt19937_64 rng{seed};
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = static_cast<std::byte>(rng() & 0xFF);
+  return v;
+}
+
+bool contains(const std::string& text, const std::string& part)
+{
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("hal: device count, properties and memory", D, DEPOT_TEST_DEVICES)
+{
+  using rt = depot::runtime<D>;
+  const int n = rt::device_count();
+  REQUIRE(n >= 1);
+  for (int d = 0; d < n; ++d) {
+    const depot::device_properties p = rt::properties(d);
+    CHECK(p.id == depot::device_id::of<D>(d));
+    CHECK_FALSE(p.name.empty());
+    CHECK_FALSE(p.arch.empty());
+    CHECK(p.multiprocessors > 0);
+    CHECK(p.total_memory > 0);
+    CHECK(p.memory_bandwidth_gbps >= 0.0);
+    if constexpr (depot::is_gpu_v<D>) {
+      CHECK(p.compute_major > 0);
+      CHECK(p.memory_bandwidth_gbps > 0.0);
+    }
+    const depot::memory_info m = rt::memory(d);
+    CHECK(m.total_bytes > 0);
+    CHECK(m.free_bytes <= m.total_bytes);
+  }
+  CHECK(depot::device_count<D>() == n);
+  CHECK(depot::get_device_properties<D>(0).name == rt::properties(0).name);
+}
+
+TEST_CASE_TEMPLATE("hal: bad device index is a clear error and changes nothing", D,
+                   DEPOT_TEST_DEVICES)
+{
+  using rt = depot::runtime<D>;
+  const int n = rt::device_count();
+  const int before = rt::current_device();
+  const std::string range = "[0, " + std::to_string(n) + ")";
+  for (int bad : {-1, n, n + 7}) {
+    CAPTURE(bad);
+    try {
+      rt::check_device(bad);
+      FAIL("check_device accepted a bad index");
+    } catch (const depot::invalid_argument& e) {
+      CHECK(contains(e.what(), "device index " + std::to_string(bad)));
+      CHECK(contains(e.what(), range));
+      CHECK(contains(e.what(), std::string{D::name}));
+    }
+    CHECK_THROWS_AS(rt::set_device(bad), depot::invalid_argument);
+    CHECK_THROWS_AS((void)rt::properties(bad), depot::invalid_argument);
+    CHECK_THROWS_AS((void)rt::memory(bad), depot::invalid_argument);
+    CHECK_THROWS_AS((void)rt::allocate(64, bad), depot::invalid_argument);
+    CHECK_THROWS_AS(depot::stream<D>{bad}, depot::invalid_argument);
+    CHECK_THROWS_AS(depot::event<D>{bad}, depot::invalid_argument);
+    CHECK_THROWS_AS(depot::device_guard<D>{bad}, depot::invalid_argument);
+    CHECK_THROWS_AS(rt::synchronize(bad), depot::invalid_argument);
+    CHECK_THROWS_AS((void)rt::can_access_peer(0, bad), depot::invalid_argument);
+    CHECK(rt::current_device() == before);
+  }
+}
+
+TEST_CASE_TEMPLATE("hal: an absurd allocation is out_of_memory and the backend recovers", D,
+                   DEPOT_TEST_DEVICES)
+{
+  using rt = depot::runtime<D>;
+  const std::size_t absurd = std::size_t{1} << 62;  // 4 EiB
+  try {
+    void* p = rt::allocate(absurd, 0);
+    rt::deallocate(p, 0);
+    FAIL("a 4 EiB allocation succeeded");
+  } catch (const depot::out_of_memory& e) {
+    CHECK(e.requested_bytes() == absurd);
+    CHECK(e.device() == depot::device_id::of<D>(0));
+    CHECK(contains(e.what(), std::to_string(absurd)));
+    CHECK(contains(e.what(), "out of memory"));
+    const std::bad_alloc& as_std = e;  // generic handlers catch it
+    CHECK(std::string{as_std.what()} == e.what());
+  }
+  // The largest size_t must not wrap around into a small allocation.
+  CHECK_THROWS_AS((void)rt::allocate(~std::size_t{0}, 0), depot::out_of_memory);
+  CHECK_THROWS_AS((void)rt::allocate_pinned(absurd), depot::out_of_memory);
+  // The failure left no error state behind: ordinary work succeeds.
+  device_buffer<D> ok{4096};
+  CHECK(ok.ptr != nullptr);
+  rt::set_async(ok.ptr, 0, ok.bytes, nullptr);
+  rt::synchronize(0);
+}
+
+TEST_CASE_TEMPLATE("hal: zero-byte requests and null frees", D, DEPOT_TEST_DEVICES)
+{
+  using rt = depot::runtime<D>;
+  CHECK(rt::allocate(0, 0) == nullptr);
+  CHECK(rt::allocate_pinned(0) == nullptr);
+  rt::deallocate(nullptr, 0);
+  rt::deallocate_pinned(nullptr);
+  rt::copy(nullptr, nullptr, 0);
+  rt::copy_async(nullptr, nullptr, 0, nullptr);
+  rt::set_async(nullptr, 0, 0, nullptr);
+  // A non-zero size with a null pointer is a precondition failure, not a device fault.
+  device_buffer<D> b{64};
+  CHECK_THROWS_AS(rt::copy(nullptr, b.ptr, 64), depot::invalid_argument);
+  CHECK_THROWS_AS(rt::copy(b.ptr, nullptr, 64), depot::invalid_argument);
+  CHECK_THROWS_AS(rt::copy_async(b.ptr, nullptr, 64, nullptr), depot::invalid_argument);
+  CHECK_THROWS_AS(rt::set_async(nullptr, 0, 64, nullptr), depot::invalid_argument);
+  CHECK_THROWS_AS(rt::copy_peer_async(nullptr, 0, b.ptr, 0, 64, nullptr),
+                  depot::invalid_argument);
+}
+
+TEST_CASE_TEMPLATE("hal: copies host<->device, device<->device, sync and on a stream", D,
+                   DEPOT_TEST_DEVICES)
+{
+  using rt = depot::runtime<D>;
+  const auto seed = depot::test::seed("hal copies", 20261122);
+  // Odd sizes: no alignment the copy paths could lean on.
+  for (std::size_t n : {std::size_t{1}, std::size_t{4097}, std::size_t{3} << 20}) {
+    CAPTURE(n);
+    const auto src = random_bytes(n, seed + n);
+    std::vector<std::byte> back(n, std::byte{0xA5});  // poisoned
+    device_buffer<D> a{n};
+    device_buffer<D> b{n};
+
+    rt::copy(a.ptr, src.data(), n);  // host -> device
+    rt::copy(b.ptr, a.ptr, n);       // device -> device
+    rt::copy(back.data(), b.ptr, n); // device -> host
+    CHECK(std::memcmp(back.data(), src.data(), n) == 0);
+
+    depot::stream<D> s;
+    pinned_buffer<D> staging{n};
+    std::memcpy(staging.data(), src.data(), n);
+    rt::set_async(a.ptr, 0x3C, n, s.native());
+    rt::set_async(b.ptr, 0, n, s.native());
+    rt::copy_async(b.ptr, staging.ptr, n, s.native());      // pinned host -> device
+    rt::copy_peer_async(a.ptr, 0, b.ptr, 0, n, s.native());  // device -> device (same device)
+    s.synchronize();  // the host may touch the staging buffer only once the copy is done
+    std::memset(staging.data(), 0x5A, n);                   // poison it
+    rt::copy_async(staging.ptr, a.ptr, n, s.native());      // device -> pinned host
+    s.synchronize();
+    CHECK(std::memcmp(staging.data(), src.data(), n) == 0);
+    CHECK(s.ready());
+  }
+}
+
+TEST_CASE_TEMPLATE("hal: memset on a stream writes every byte and only those", D,
+                   DEPOT_TEST_DEVICES)
+{
+  using rt = depot::runtime<D>;
+  const std::size_t n = 10007;
+  device_buffer<D> buf{n + 2};
+  std::vector<std::byte> host(n + 2, std::byte{0x11});
+  rt::copy(buf.ptr, host.data(), n + 2);
+  depot::stream<D> s;
+  rt::set_async(static_cast<std::byte*>(buf.ptr) + 1, 0xEE, n, s.native());
+  s.synchronize();
+  rt::copy(host.data(), buf.ptr, n + 2);
+  CHECK(host.front() == std::byte{0x11});
+  CHECK(host.back() == std::byte{0x11});
+  std::size_t written = 0;
+  for (std::size_t i = 1; i <= n; ++i) written += host[i] == std::byte{0xEE} ? 1 : 0;
+  CHECK(written == n);
+}
+
+TEST_CASE_TEMPLATE("hal: streams and events order, wait and time work", D, DEPOT_TEST_DEVICES)
+{
+  const std::size_t n = std::size_t{16} << 20;
+  device_buffer<D> a{n};
+  device_buffer<D> b{n};
+  depot::stream<D> producer;
+  depot::stream<D> consumer;
+  CHECK(producer.native() != consumer.native());  // distinct streams, also on the host
+  depot::event<D> start{0, true};
+  depot::event<D> stop{0, true};
+  depot::event<D> produced;
+
+  start.record(producer);
+  depot::runtime<D>::set_async(a.ptr, 0x42, n, producer.native());
+  produced.record(producer);
+  stop.record(producer);
+  consumer.wait(produced);  // the copy below sees the memset
+  depot::runtime<D>::copy_async(b.ptr, a.ptr, n, consumer.native());
+  consumer.synchronize();
+  stop.synchronize();
+  CHECK(produced.ready());
+  CHECK(stop.ready());
+  CHECK(depot::event<D>::elapsed_ms(start, stop) >= 0.0F);
+
+  std::vector<std::byte> host(n);
+  depot::runtime<D>::copy(host.data(), b.ptr, n);
+  CHECK(host.front() == std::byte{0x42});
+  CHECK(host[n / 2] == std::byte{0x42});
+  CHECK(host.back() == std::byte{0x42});
+
+  // Timing needs timing events: a clear error, and the backend keeps working afterwards.
+  depot::event<D> untimed_a;
+  depot::event<D> untimed_b;
+  untimed_a.record(producer);
+  untimed_b.record(producer);
+  producer.synchronize();
+  CHECK_THROWS_AS((void)depot::event<D>::elapsed_ms(untimed_a, untimed_b), std::exception);
+  producer.synchronize();
+}
+
+TEST_CASE_TEMPLATE("hal: stream and event handles move and release", D, DEPOT_TEST_DEVICES)
+{
+  depot::stream<D> s1;
+  const depot::native_stream h = s1.native();
+  REQUIRE(h != nullptr);
+  depot::stream<D> s2{std::move(s1)};
+  CHECK(s2.native() == h);
+  CHECK(s1.native() == nullptr);  // NOLINT(bugprone-use-after-move): the moved-from state
+  depot::stream<D> s3;
+  s3 = std::move(s2);
+  CHECK(s3.native() == h);
+  const depot::stream_ref<D> ref = s3;
+  CHECK(ref.native() == h);
+  CHECK_FALSE(ref.is_default());
+  CHECK(depot::stream_ref<D>{}.is_default());
+  depot::stream_ref<D>{}.synchronize();  // the default stream
+
+  depot::event<D> e1;
+  const depot::native_event eh = e1.native();
+  depot::event<D> e2{std::move(e1)};
+  CHECK(e2.native() == eh);
+  CHECK(e1.native() == nullptr);  // NOLINT(bugprone-use-after-move)
+  e2.record(ref);
+  e2.synchronize();
+  CHECK(e2.ready());
+}
+
+TEST_CASE_TEMPLATE("hal: device guard switches and restores", D, DEPOT_TEST_DEVICES)
+{
+  using rt = depot::runtime<D>;
+  const int n = rt::device_count();
+  const int before = rt::current_device();
+  for (int d = 0; d < n; ++d) {
+    depot::device_guard<D> guard{d};
+    CHECK(rt::current_device() == d);
+    CHECK(guard.previous() == before);
+  }
+  CHECK(rt::current_device() == before);
+}
+
+TEST_CASE_TEMPLATE("hal: peer access and peer copies", D, DEPOT_TEST_DEVICES)
+{
+  using rt = depot::runtime<D>;
+  const int n = rt::device_count();
+  CHECK(rt::can_access_peer(0, 0));
+  rt::enable_peer_access(0, 0);
+  const std::size_t bytes = 1 << 20;
+  const auto src = random_bytes(bytes, depot::test::seed("hal peer", 7));
+  for (int peer = 0; peer < n; ++peer) {
+    CAPTURE(peer);
+    device_buffer<D> a{bytes, 0};
+    device_buffer<D> b{bytes, peer};
+    rt::copy(a.ptr, src.data(), bytes);
+    if (rt::can_access_peer(peer, 0)) rt::enable_peer_access(peer, 0);
+    depot::stream<D> s{0};
+    rt::copy_peer_async(b.ptr, peer, a.ptr, 0, bytes, s.native());
+    s.synchronize();
+    std::vector<std::byte> back(bytes);
+    rt::copy(back.data(), b.ptr, bytes);
+    CHECK(std::memcmp(back.data(), src.data(), bytes) == 0);
+  }
+}
+
+#if DEPOT_HAS_CUDA || DEPOT_HAS_HIP
+TEST_CASE("hal: a failing GPU call reports call, place and code, and clears the error")
+{
+#if DEPOT_HAS_CUDA
+  using D = depot::cuda;
+  const std::string prefix = "cuda";
+#else
+  using D = depot::hip;
+  const std::string prefix = "hip";
+#endif
+  depot::event<D> a;  // no timing: elapsed time is refused by the backend
+  depot::event<D> b;
+  a.record();
+  b.record();
+  b.synchronize();
+  try {
+    (void)depot::event<D>::elapsed_ms(a, b);
+    FAIL("elapsed time of untimed events succeeded");
+  } catch (const depot::error& e) {
+    CHECK(contains(e.call(), "event_elapsed"));
+    CHECK(contains(e.file(), "gpu_runtime_impl.hpp"));
+    CHECK(e.line() > 0);
+    CHECK(e.code() != 0);
+    CHECK(e.code_name().rfind(prefix, 0) == 0);
+    CHECK(contains(e.what(), e.code_name()));
+  }
+  // Nothing sticky remains: the next calls succeed.
+  device_buffer<D> ok{256};
+  depot::runtime<D>::set_async(ok.ptr, 1, 256, nullptr);
+  depot::runtime<D>::synchronize(0);
+}
+#endif
+
+TEST_CASE("hal: device_id parses and prints")
+{
+  using depot::device_id;
+  using depot::device_kind;
+  CHECK(device_id::parse("host") == device_id{device_kind::host, 0});
+  CHECK(device_id::parse("cpu") == device_id{device_kind::host, 0});
+  CHECK(device_id::parse("cuda:3") == device_id{device_kind::cuda, 3});
+  CHECK(device_id::parse("hip:0") == device_id{device_kind::hip, 0});
+  CHECK(device_id::parse("hip:12").to_string() == "hip:12");
+  CHECK(device_id::of<depot::cuda>(1).to_string() == "cuda:1");
+  for (const char* bad : {"", "tpu", "cuda:", "cuda:-1", "cuda:x", "cuda:1x", "cuda:99999999999"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS((void)device_id::parse(bad), depot::invalid_argument);
+  }
+  try {
+    (void)device_id::parse("tpu:0");
+  } catch (const depot::invalid_argument& e) {
+    CHECK(contains(e.what(), "'tpu'"));
+    CHECK(contains(e.what(), "host, cpu, cuda or hip"));
+  }
+  CHECK(device_id::parse("cuda:0") < device_id::parse("cuda:1"));
+}
+
+TEST_CASE("hal: format_bytes")
+{
+  CHECK(depot::format_bytes(0) == "0 B");
+  CHECK(depot::format_bytes(1023) == "1023 B");
+  CHECK(depot::format_bytes(1024) == "1.00 KiB");
+  CHECK(depot::format_bytes(1536) == "1.50 KiB");
+  CHECK(depot::format_bytes(std::size_t{80} << 30) == "80.0 GiB");
+  CHECK(depot::format_bytes(std::size_t{1} << 62) == "4.00 EiB");
+  CHECK(depot::format_bytes(~std::size_t{0}) == "16.0 EiB");
+}
+
+TEST_CASE("hal: enabled backends match the configuration")
+{
+  static_assert(depot::is_enabled_v<depot::host>);
+  CHECK(depot::is_enabled_v<depot::cuda> == (DEPOT_HAS_CUDA != 0));
+  CHECK(depot::is_enabled_v<depot::hip> == (DEPOT_HAS_HIP != 0));
+  CHECK_FALSE(depot::is_gpu_v<depot::host>);
+  CHECK(depot::is_gpu_v<depot::cuda>);
+  CHECK(depot::cuda::name == "cuda");
+  CHECK(depot::to_string(depot::hip::kind) == "hip");
+}
