@@ -119,7 +119,7 @@ TEST_CASE_TEMPLATE("hal: bad device index is a clear error and changes nothing",
   }
 }
 
-TEST_CASE_TEMPLATE("hal: an absurd allocation is out_of_memory and the backend recovers", D,
+TEST_CASE_TEMPLATE("hal: an absurd allocation is out_of_memory and the backend recovers [provokes backend errors]", D,
                    DEPOT_TEST_DEVICES)
 {
   using rt = depot::runtime<D>;
@@ -248,15 +248,26 @@ TEST_CASE_TEMPLATE("hal: streams and events order, wait and time work", D, DEPOT
   CHECK(host.front() == std::byte{0x42});
   CHECK(host[n / 2] == std::byte{0x42});
   CHECK(host.back() == std::byte{0x42});
+}
 
+TEST_CASE_TEMPLATE("hal: timing untimed events is an error [provokes backend errors]", D,
+                   DEPOT_TEST_DEVICES)
+{
   // Timing needs timing events: a clear error, and the backend keeps working afterwards.
+  depot::stream<D> s;
   depot::event<D> untimed_a;
   depot::event<D> untimed_b;
-  untimed_a.record(producer);
-  untimed_b.record(producer);
-  producer.synchronize();
+  untimed_a.record(s);
+  untimed_b.record(s);
+  s.synchronize();
   CHECK_THROWS_AS((void)depot::event<D>::elapsed_ms(untimed_a, untimed_b), std::exception);
-  producer.synchronize();
+  depot::event<D> timed_a{0, true};
+  depot::event<D> timed_b{0, true};
+  CHECK_THROWS_AS((void)depot::event<D>::elapsed_ms(untimed_a, timed_b), std::exception);
+  timed_a.record(s);
+  timed_b.record(s);
+  s.synchronize();
+  CHECK(depot::event<D>::elapsed_ms(timed_a, timed_b) >= 0.0F);
 }
 
 TEST_CASE_TEMPLATE("hal: stream and event handles move and release", D, DEPOT_TEST_DEVICES)
@@ -323,7 +334,7 @@ TEST_CASE_TEMPLATE("hal: peer access and peer copies", D, DEPOT_TEST_DEVICES)
 }
 
 #if DEPOT_HAS_CUDA || DEPOT_HAS_HIP
-TEST_CASE("hal: a failing GPU call reports call, place and code, and clears the error")
+TEST_CASE("hal: a failing GPU call reports call, place and code, and clears the error [provokes backend errors]")
 {
 #if DEPOT_HAS_CUDA
   using D = depot::cuda;
