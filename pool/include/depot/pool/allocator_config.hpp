@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#pragma once
+
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <string_view>
+
+namespace depot {
+
+// Settings of a caching_allocator. Built in code, or parsed from the environment variable
+// DEPOT_ALLOC_CONF ("key:value,key:value"). Parsing rejects unknown keys and bad values
+// with depot::invalid_argument naming the key, the value and the valid range; nothing is
+// ever silently ignored. A plain value type.
+struct allocator_config {
+  // Blocks larger than this are never split (limits fragmentation by large blocks).
+  // Key max_split_size_mb (MiB, >= 1). Default: no limit.
+  std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
+  // Round requests of at least 1 MiB up to one of N divisions of their power-of-two
+  // interval (0: off, else a power of two in [1, 64]). Key roundup_power2_divisions.
+  unsigned roundup_power2_divisions = 0;
+  // When reserved memory exceeds this fraction of the allowed total, free cached segments
+  // are released before growing (0: off, else (0, 1)). Key garbage_collection_threshold.
+  double garbage_collection_threshold = 0.0;
+  // Cached memory kept when empty_cache(keep) trims automatically: the allocator releases
+  // whole free segments beyond this many bytes after a free. Key release_threshold_mb (MiB).
+  // Default: keep everything until empty_cache().
+  std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
+  // Reserved memory may not exceed this fraction of the device's total ((0, 1]).
+  // Key per_process_memory_fraction.
+  double per_process_memory_fraction = 1.0;
+  // Events kept in the trace ring buffer (0: no trace). Key trace_capacity.
+  std::size_t trace_capacity = 0;
+
+  // Parses "key:value,..." on top of the defaults. Throws depot::invalid_argument.
+  [[nodiscard]] static allocator_config parse(std::string_view text);
+  // parse(getenv("DEPOT_ALLOC_CONF")), or the defaults when it is unset or empty.
+  [[nodiscard]] static allocator_config from_environment();
+
+  // The settings as "key:value,..." (parse(to_string()) gives the same settings).
+  [[nodiscard]] std::string to_string() const;
+};
+
+}  // namespace depot

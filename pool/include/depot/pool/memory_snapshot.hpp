@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#pragma once
+
+#include <depot/hal/device_id.hpp>
+#include <depot/hal/native_handle.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace depot {
+
+// State of one block inside a segment.
+enum class block_state : std::uint8_t {
+  allocated = 0,     // handed out to a caller
+  pending_free = 1,  // freed, waiting for events of other streams that used it
+  free = 2,          // in the cache, reusable
+};
+
+struct block_info {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;       // bytes the block spans
+  std::size_t requested = 0;  // bytes asked for (0 unless allocated or pending)
+  block_state state = block_state::free;
+};
+
+// One upstream allocation and the blocks it is cut into, in address order.
+struct segment_info {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  bool small_pool = false;
+  std::uintptr_t stream = 0;  // the stream whose cache holds it (0: default stream)
+  std::vector<block_info> blocks;
+};
+
+// Every segment of a caching_allocator at one moment, taken under its locks. Its sums
+// equal the statistics taken at the same moment: reserved = sum of segment sizes,
+// allocated = sum of allocated + pending block sizes, and so on.
+struct memory_snapshot {
+  device_id device;
+  std::vector<segment_info> segments;
+
+  // The snapshot as JSON (format in README "Snapshot and trace JSON").
+  [[nodiscard]] std::string to_json() const;
+};
+
+}  // namespace depot
