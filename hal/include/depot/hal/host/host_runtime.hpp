@@ -11,13 +11,13 @@
 
 namespace depot::hal {
 
-// The host backend: one device (index 0), memory from the C++ heap aligned to 256 bytes,
+// The host backend: one device (index 0), memory from the C++ heap aligned to 512 bytes,
 // "pinned" memory is ordinary memory. Streams and events are real objects with identity,
 // but work submitted to a stream completes before the call returns, so queries are always
 // true and waits return at once. Thread-safe.
 class host_runtime {
  public:
-  static constexpr std::size_t alignment = 256;
+  static constexpr std::size_t alignment = 512;
 
   static int device_count() noexcept { return 1; }
   static int current_device() noexcept { return 0; }

@@ -38,7 +38,7 @@ struct segment_info {
 // Every segment of a caching_allocator at one moment, taken under its locks. Its sums
 // equal the statistics taken at the same moment: reserved = sum of segment sizes,
 // allocated = sum of allocated + pending block sizes, and so on.
-struct memory_snapshot {
+struct allocator_snapshot {
   device_id device;
   std::vector<segment_info> segments;
 

@@ -1,0 +1,970 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+//
+// The caching allocator, written once over upstream_resource.
+//
+// Structure: one stream_cache per stream that has allocated. Each holds the segments
+// (upstream allocations) it owns, cut into blocks, and two free indexes (small pool,
+// large pool). A free index is a two-level segregated fit: first level = power of two of
+// the size, second level = 16 subdivisions, one bitmap per level, so finding a free block
+// that fits, inserting and removing are O(1) whatever the number of blocks.
+// Locks: each stream_cache has its own mutex (threads on different streams never meet);
+// the pointer -> block map is sharded with one mutex per shard; growth (upstream calls,
+// stealing, out-of-memory handling) takes grow_mu. Statistics are atomics updated under
+// the owning cache's lock, so stats() and snapshot(), which take every cache lock, agree.
+// Streams: a block freed on its own stream is reusable at once on that stream; a block
+// that record_stream() marked as used by other streams waits for events on them. A whole
+// free segment of another stream can be taken over (the taker's stream waits for an event
+// recorded on the old one), so memory is not stranded when streams come and go.
+#include <depot/hal/expects.hpp>
+#include <depot/hal/format_bytes.hpp>
+#include <depot/hal/out_of_memory.hpp>
+#include <depot/pool/detail/allocator_core.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <shared_mutex>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace depot::detail {
+
+namespace {
+
+constexpr std::size_t k_align = 512;
+constexpr std::size_t k_small_request = std::size_t{1} << 20;   // <= 1 MiB: small pool
+constexpr std::size_t k_small_segment = std::size_t{2} << 20;
+constexpr std::size_t k_mid_request = std::size_t{10} << 20;    // large < 10 MiB share ...
+constexpr std::size_t k_large_segment = std::size_t{20} << 20;  // ... 20 MiB segments
+constexpr std::size_t k_large_round = std::size_t{2} << 20;
+constexpr std::size_t k_max_request = std::size_t{1} << 56;     // refused above: no wrap
+constexpr std::size_t k_oversize_slack = std::size_t{20} << 20;
+constexpr auto k_unlimited = std::numeric_limits<std::size_t>::max();
+
+std::uint64_t now_ns()
+{
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
+std::string hex(std::uintptr_t v)
+{
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+struct segment;
+struct stream_cache;
+
+struct block {
+  std::uintptr_t addr = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;
+  block* prev = nullptr;  // address-order neighbours in the segment
+  block* next = nullptr;
+  block* fprev = nullptr;  // free-index list links
+  block* fnext = nullptr;
+  segment* seg = nullptr;
+  block_state state = block_state::free;
+  bool counted_split = false;  // counted in inactive_split_bytes while indexed
+  int pending = 0;             // events outstanding before it may be reused
+  std::vector<native_stream> uses;  // other streams that used it (record_stream)
+  std::uint64_t t_alloc = 0;
+  [[nodiscard]] bool whole() const noexcept { return prev == nullptr && next == nullptr; }
+};
+
+struct segment {
+  std::uintptr_t addr = 0;
+  std::size_t size = 0;
+  bool small = false;
+  stream_cache* cache = nullptr;
+  block* head = nullptr;
+  segment* lprev = nullptr;  // in the cache's segment list
+  segment* lnext = nullptr;
+};
+
+// Two-level segregated fit over free blocks of one pool of one stream cache.
+class free_index {
+ public:
+  void insert(block* b) noexcept
+  {
+    const auto [fl, sl] = mapping(b->size);
+    b->fprev = nullptr;
+    b->fnext = heads_[fl][sl];
+    if (b->fnext != nullptr) b->fnext->fprev = b;
+    heads_[fl][sl] = b;
+    fl_map_ |= std::uint64_t{1} << fl;
+    sl_map_[fl] = static_cast<std::uint16_t>(sl_map_[fl] | (1U << sl));
+    bytes_ += b->size;
+  }
+
+  void remove(block* b) noexcept
+  {
+    const auto [fl, sl] = mapping(b->size);
+    if (b->fprev != nullptr) {
+      b->fprev->fnext = b->fnext;
+    } else {
+      heads_[fl][sl] = b->fnext;
+    }
+    if (b->fnext != nullptr) b->fnext->fprev = b->fprev;
+    b->fprev = b->fnext = nullptr;
+    if (heads_[fl][sl] == nullptr) {
+      sl_map_[fl] = static_cast<std::uint16_t>(sl_map_[fl] & ~(1U << sl));
+      if (sl_map_[fl] == 0) fl_map_ &= ~(std::uint64_t{1} << fl);
+    }
+    bytes_ -= b->size;
+  }
+
+  // A free block of at least `size` bytes: the first one of the smallest class whose
+  // every block fits (O(1)); failing that, a short search of size's own class.
+  [[nodiscard]] block* find(std::size_t size) const noexcept
+  {
+    const std::size_t step = std::size_t{1} << (std::bit_width(size) - 1 - sl_bits);
+    auto [fl, sl] = mapping(size + step - 1);
+    std::uint32_t sm = sl_map_[fl] & (0xFFFFU << sl) & 0xFFFFU;
+    if (sm == 0) {
+      const std::uint64_t fm = fl + 1 < 64 ? fl_map_ & (~std::uint64_t{0} << (fl + 1)) : 0;
+      if (fm != 0) {
+        fl = static_cast<unsigned>(std::countr_zero(fm));
+        sm = sl_map_[fl];
+      }
+    }
+    if (sm != 0) return heads_[fl][static_cast<unsigned>(std::countr_zero(sm))];
+    const auto [efl, esl] = mapping(size);
+    int budget = 32;
+    for (block* b = heads_[efl][esl]; b != nullptr && budget-- > 0; b = b->fnext) {
+      if (b->size >= size) return b;
+    }
+    return nullptr;
+  }
+
+  [[nodiscard]] std::size_t largest() const noexcept
+  {
+    if (fl_map_ == 0) return 0;
+    const unsigned fl = 63U - static_cast<unsigned>(std::countl_zero(fl_map_));
+    const unsigned sl = 15U - static_cast<unsigned>(std::countl_zero(std::uint32_t{sl_map_[fl]}) - 16);
+    std::size_t best = 0;
+    for (block* b = heads_[fl][sl]; b != nullptr; b = b->fnext) best = std::max(best, b->size);
+    return best;
+  }
+
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  static constexpr unsigned sl_bits = 4;
+  static std::pair<unsigned, unsigned> mapping(std::size_t s) noexcept
+  {
+    const auto fl = static_cast<unsigned>(std::bit_width(s) - 1);
+    return {fl, static_cast<unsigned>((s >> (fl - sl_bits)) & 15U)};
+  }
+
+  std::uint64_t fl_map_ = 0;
+  std::array<std::uint16_t, 64> sl_map_{};
+  std::array<std::array<block*, 16>, 64> heads_{};
+  std::size_t bytes_ = 0;
+};
+
+struct stream_cache {
+  explicit stream_cache(native_stream s) : stream{s} {}
+  native_stream stream;
+  std::mutex mu;
+  std::array<free_index, 2> pools;  // [0] large, [1] small
+  segment* segments = nullptr;
+  std::vector<std::pair<native_event, block*>> pending;
+  std::vector<block*> spare;  // recycled block records
+};
+
+// Current / peak / allocated / freed, updated only under a cache lock.
+struct atomic_stat {
+  std::atomic<std::int64_t> current{0};
+  std::atomic<std::int64_t> peak{0};
+  std::atomic<std::int64_t> allocated{0};
+  std::atomic<std::int64_t> freed{0};
+
+  void add(std::int64_t n) noexcept
+  {
+    allocated.fetch_add(n, std::memory_order_relaxed);
+    const std::int64_t c = current.fetch_add(n, std::memory_order_relaxed) + n;
+    std::int64_t p = peak.load(std::memory_order_relaxed);
+    while (c > p && !peak.compare_exchange_weak(p, c, std::memory_order_relaxed)) {
+    }
+  }
+  void sub(std::int64_t n) noexcept
+  {
+    freed.fetch_add(n, std::memory_order_relaxed);
+    current.fetch_sub(n, std::memory_order_relaxed);
+  }
+  [[nodiscard]] stat load() const noexcept
+  {
+    return stat{current.load(std::memory_order_relaxed), peak.load(std::memory_order_relaxed),
+                allocated.load(std::memory_order_relaxed), freed.load(std::memory_order_relaxed)};
+  }
+  void reset_peak() noexcept { peak.store(current.load(std::memory_order_relaxed)); }
+  void reset_totals() noexcept
+  {
+    allocated.store(0);
+    freed.store(0);
+    reset_peak();
+  }
+};
+
+struct atomic_stat_array {
+  atomic_stat all;
+  atomic_stat small;
+  atomic_stat large;
+  void add(bool is_small, std::size_t n) noexcept
+  {
+    all.add(static_cast<std::int64_t>(n));
+    (is_small ? small : large).add(static_cast<std::int64_t>(n));
+  }
+  void sub(bool is_small, std::size_t n) noexcept
+  {
+    all.sub(static_cast<std::int64_t>(n));
+    (is_small ? small : large).sub(static_cast<std::int64_t>(n));
+  }
+  [[nodiscard]] stat_array load() const noexcept { return {all.load(), small.load(), large.load()}; }
+  template <class F>
+  void each(F f) noexcept
+  {
+    f(all);
+    f(small);
+    f(large);
+  }
+};
+
+std::atomic<std::uint64_t> next_allocator_id{1};
+
+struct thread_cache_entry {
+  std::uint64_t owner = 0;
+  native_stream stream = nullptr;
+  stream_cache* cache = nullptr;
+};
+thread_local thread_cache_entry tl_cache;
+
+}  // namespace
+
+struct allocator_core::impl {
+  impl(std::unique_ptr<upstream_resource> u, allocator_config c, bool a)
+      : up{std::move(u)}, cfg{c}, async{a}, dev{up->device()}
+  {
+    const std::size_t total = up->memory().total_bytes;
+    limit = cfg.per_process_memory_fraction >= 1.0
+                ? k_unlimited
+                : static_cast<std::size_t>(static_cast<double>(total) * cfg.per_process_memory_fraction);
+    if (cfg.trace_capacity > 0) set_trace_capacity(cfg.trace_capacity);
+  }
+
+  ~impl()
+  {
+    // Give every segment back; pending events first (their streams may still run).
+    for (auto& c : caches) {
+      for (auto& [e, b] : c->pending) up->destroy_event(e);
+      for (segment* s = c->segments; s != nullptr;) {
+        segment* next = s->lnext;
+        for (block* b = s->head; b != nullptr;) {
+          block* n = b->next;
+          delete b;
+          b = n;
+        }
+        up->deallocate(reinterpret_cast<void*>(s->addr), s->size);
+        delete s;
+        s = next;
+      }
+      for (block* b : c->spare) delete b;
+    }
+  }
+
+  std::unique_ptr<upstream_resource> up;
+  allocator_config cfg;
+  bool async;
+  device_id dev;
+  std::uint64_t id = next_allocator_id.fetch_add(1);
+  std::size_t limit = k_unlimited;
+
+  mutable std::shared_mutex registry_mu;
+  std::unordered_map<native_stream, stream_cache*> by_stream;
+  std::vector<std::unique_ptr<stream_cache>> caches;
+
+  struct alignas(64) shard {
+    std::mutex mu;
+    std::unordered_map<std::uintptr_t, block*> live;
+  };
+  static constexpr std::size_t n_shards = 64;
+  std::array<shard, n_shards> shards;
+
+  std::mutex grow_mu;
+
+  atomic_stat_array allocated_bytes, requested_bytes, reserved_bytes, cached_bytes, active_bytes,
+      inactive_split_bytes, num_allocations, num_segments;
+  std::atomic<std::int64_t> hits{0}, misses{0}, retries{0}, ooms{0};
+
+  std::atomic<bool> tracing{false};
+  mutable std::mutex trace_mu;
+  std::vector<trace_event> ring;
+  std::size_t ring_next = 0;
+  std::size_t ring_count = 0;
+
+  // ---- helpers ---------------------------------------------------------------------------
+
+  shard& shard_of(std::uintptr_t p) noexcept { return shards[(p >> 9) * 0x9E3779B97F4A7C15ULL >> 58]; }
+
+  std::size_t round_size(std::size_t n) const noexcept
+  {
+    std::size_t size = (n + k_align - 1) / k_align * k_align;
+    const unsigned div = cfg.roundup_power2_divisions;
+    if (div > 1 && size > k_small_request) {
+      const std::size_t floor2 = std::bit_floor(size);
+      const std::size_t step = std::max(floor2 / div, k_align);
+      size = (size + step - 1) / step * step;
+    }
+    return size;
+  }
+
+  stream_cache& cache_for(native_stream s)
+  {
+    thread_cache_entry& t = tl_cache;
+    if (t.owner == id && t.stream == s) return *t.cache;
+    stream_cache* c = nullptr;
+    {
+      std::shared_lock r{registry_mu};
+      if (auto it = by_stream.find(s); it != by_stream.end()) c = it->second;
+    }
+    if (c == nullptr) {
+      std::unique_lock w{registry_mu};
+      auto [it, inserted] = by_stream.try_emplace(s, nullptr);
+      if (inserted) {
+        caches.push_back(std::make_unique<stream_cache>(s));
+        it->second = caches.back().get();
+      }
+      c = it->second;
+    }
+    t = thread_cache_entry{id, s, c};
+    return *c;
+  }
+
+  void record(const trace_event& e)
+  {
+    if (!tracing.load(std::memory_order_relaxed)) return;
+    std::lock_guard g{trace_mu};
+    if (ring.empty()) return;
+    ring[ring_next] = e;
+    ring_next = (ring_next + 1) % ring.size();
+    ring_count = std::min(ring_count + 1, ring.size());
+  }
+
+  trace_event event_of(trace_kind k, const block* b, native_stream s) const
+  {
+    trace_event e;
+    e.kind = k;
+    e.time_ns = now_ns();
+    e.address = b->addr;
+    e.size = b->size;
+    e.requested = b->requested;
+    e.stream = reinterpret_cast<std::uintptr_t>(s);
+    e.thread = std::hash<std::thread::id>{}(std::this_thread::get_id());
+    return e;
+  }
+
+  void set_trace_capacity(std::size_t n)
+  {
+    std::lock_guard g{trace_mu};
+    ring.assign(n, trace_event{});
+    ring_next = 0;
+    ring_count = 0;
+    tracing.store(n > 0);
+  }
+
+  block* new_block(stream_cache& c)
+  {
+    if (c.spare.empty()) return new block;
+    block* b = c.spare.back();
+    c.spare.pop_back();
+    *b = block{};
+    return b;
+  }
+
+  // Index a free block (caller holds c.mu).
+  void index(stream_cache& c, block* b) noexcept
+  {
+    b->state = block_state::free;
+    b->counted_split = !b->whole();
+    if (b->counted_split) inactive_split_bytes.add(b->seg->small, b->size);
+    c.pools[b->seg->small ? 1 : 0].insert(b);
+  }
+
+  void unindex(stream_cache& c, block* b) noexcept
+  {
+    c.pools[b->seg->small ? 1 : 0].remove(b);
+    if (b->counted_split) inactive_split_bytes.sub(b->seg->small, b->size);
+    b->counted_split = false;
+  }
+
+  bool oversize(const block* b, std::size_t size) const noexcept
+  {
+    const std::size_t m = cfg.max_split_size;
+    if (m == k_unlimited) return false;
+    return (size < m && b->size >= m) || (size >= m && b->size >= size + k_oversize_slack);
+  }
+
+  // Cuts `b` (not indexed) to `size` when the rest is worth keeping as a free block.
+  void split(stream_cache& c, block* b, std::size_t size)
+  {
+    const std::size_t rest = b->size - size;
+    const bool worth = b->seg->small ? rest >= k_align
+                                     : rest > k_small_request && b->size < cfg.max_split_size;
+    if (!worth) return;
+    block* r = new_block(c);
+    r->addr = b->addr + size;
+    r->size = rest;
+    r->seg = b->seg;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next != nullptr) b->next->prev = r;
+    b->next = r;
+    b->size = size;
+    index(c, r);
+  }
+
+  // Hands out `b` (not indexed) for a request of `bytes` (caller holds c.mu).
+  void hand_out(stream_cache& c, block* b, std::size_t size, std::size_t bytes)
+  {
+    split(c, b, size);
+    const bool small = b->seg->small;
+    b->state = block_state::allocated;
+    b->requested = bytes;
+    b->t_alloc = now_ns();
+    allocated_bytes.add(small, b->size);
+    requested_bytes.add(small, bytes);
+    active_bytes.add(small, b->size);
+    cached_bytes.sub(small, b->size);
+    num_allocations.add(small, 1);
+  }
+
+  block* take_free(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
+  {
+    block* b = c.pools[small ? 1 : 0].find(size);
+    if (b == nullptr || (!small && oversize(b, size))) return nullptr;
+    unindex(c, b);
+    hand_out(c, b, size, bytes);
+    return b;
+  }
+
+  // Back to the cache: merge with free neighbours, index (caller holds c.mu).
+  void release_block(stream_cache& c, block* b)
+  {
+    const bool small = b->seg->small;
+    active_bytes.sub(small, b->size);
+    b->requested = 0;
+    b->uses.clear();
+    if (block* p = b->prev; p != nullptr && p->state == block_state::free) {
+      unindex(c, p);
+      p->size += b->size;
+      p->next = b->next;
+      if (b->next != nullptr) b->next->prev = p;
+      c.spare.push_back(b);
+      b = p;
+    }
+    if (block* n = b->next; n != nullptr && n->state == block_state::free) {
+      unindex(c, n);
+      b->size += n->size;
+      b->next = n->next;
+      if (n->next != nullptr) n->next->prev = b;
+      c.spare.push_back(n);
+    }
+    index(c, b);
+    if (b->whole() && cfg.release_threshold != k_unlimited &&
+        static_cast<std::size_t>(cached_bytes.all.current.load()) > cfg.release_threshold) {
+      release_segment(c, b->seg);
+    }
+  }
+
+  void link_segment(stream_cache& c, segment* s) noexcept
+  {
+    s->cache = &c;
+    s->lprev = nullptr;
+    s->lnext = c.segments;
+    if (c.segments != nullptr) c.segments->lprev = s;
+    c.segments = s;
+  }
+
+  void unlink_segment(stream_cache& c, segment* s) noexcept
+  {
+    if (s->lprev != nullptr) {
+      s->lprev->lnext = s->lnext;
+    } else {
+      c.segments = s->lnext;
+    }
+    if (s->lnext != nullptr) s->lnext->lprev = s->lprev;
+    s->lprev = s->lnext = nullptr;
+  }
+
+  // Returns a whole free segment to the upstream (caller holds c.mu).
+  void release_segment(stream_cache& c, segment* s) noexcept
+  {
+    block* b = s->head;
+    unindex(c, b);
+    unlink_segment(c, s);
+    reserved_bytes.sub(s->small, s->size);
+    cached_bytes.sub(s->small, s->size);
+    num_segments.sub(s->small, 1);
+    trace_event e = event_of(trace_kind::segment_free, b, c.stream);
+    e.size = s->size;
+    record(e);
+    up->deallocate(reinterpret_cast<void*>(s->addr), s->size);
+    c.spare.push_back(b);
+    delete s;
+  }
+
+  void release_free_segments(stream_cache& c) noexcept
+  {
+    for (segment* s = c.segments; s != nullptr;) {
+      segment* next = s->lnext;
+      if (s->head->whole() && s->head->state == block_state::free) release_segment(c, s);
+      s = next;
+    }
+  }
+
+  void process_events(stream_cache& c, bool wait)
+  {
+    auto keep = c.pending.begin();
+    for (auto it = c.pending.begin(); it != c.pending.end(); ++it) {
+      auto [e, b] = *it;
+      if (wait) up->wait_event(e);
+      if (wait || up->event_done(e)) {
+        up->destroy_event(e);
+        if (--b->pending == 0) release_block(c, b);
+      } else {
+        *keep++ = *it;
+      }
+    }
+    c.pending.erase(keep, c.pending.end());
+  }
+
+  // Every cache: wait for its pending events, then give back its whole free segments.
+  void flush_all(bool wait)
+  {
+    std::shared_lock r{registry_mu};
+    for (auto& c : caches) {
+      std::lock_guard g{c->mu};
+      process_events(*c, wait);
+      release_free_segments(*c);
+    }
+  }
+
+  // A whole free segment of another stream, moved to `c`; c's stream waits for the old one.
+  // Both caches are locked with try_lock (never blocking while holding one), so this cannot
+  // deadlock with lock_all(), and the segment is never in neither cache.
+  block* steal(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
+  {
+    std::shared_lock r{registry_mu};
+    for (auto& other : caches) {
+      if (other.get() == &c) continue;
+      std::unique_lock og{other->mu, std::defer_lock};
+      std::unique_lock cg{c.mu, std::defer_lock};
+      if (std::try_lock(og, cg) != -1) continue;
+      for (segment* s = other->segments; s != nullptr; s = s->lnext) {
+        block* b = s->head;
+        if (s->small != small || !b->whole() || b->state != block_state::free || b->size < size ||
+            (!small && oversize(b, size))) {
+          continue;
+        }
+        if (async) {
+          native_event e = up->record_event(other->stream);
+          up->stream_wait(c.stream, e);
+          up->destroy_event(e);
+        }
+        unindex(*other, b);
+        unlink_segment(*other, s);
+        link_segment(c, s);
+        hand_out(c, b, size, bytes);
+        return b;
+      }
+    }
+    return nullptr;
+  }
+
+  [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size, native_stream s,
+                              const std::string& cause)
+  {
+    ooms.fetch_add(1);
+    trace_event e;
+    e.kind = trace_kind::out_of_memory;
+    e.time_ns = now_ns();
+    e.size = size;
+    e.requested = bytes;
+    e.stream = reinterpret_cast<std::uintptr_t>(s);
+    e.thread = std::hash<std::thread::id>{}(std::this_thread::get_id());
+    record(e);
+    const memory_stats st = stats();
+    std::string device_state = "free/total unknown";
+    try {
+      const memory_info m = up->memory();
+      device_state = format_bytes(m.free_bytes) + " free of " + format_bytes(m.total_bytes);
+    } catch (...) {
+    }
+    const auto reserved = static_cast<std::size_t>(st.reserved_bytes.all.current);
+    const auto allocated = static_cast<std::size_t>(st.allocated_bytes.all.current);
+    std::ostringstream msg;
+    msg << "depot: " << dev.to_string() << " out of memory: tried to allocate "
+        << format_bytes(bytes) << " (" << bytes << " bytes) on stream " << hex(reinterpret_cast<std::uintptr_t>(s))
+        << "; " << cause << ". The device has " << device_state << "; depot holds "
+        << format_bytes(reserved) << " reserved, of which " << format_bytes(allocated)
+        << " allocated and " << format_bytes(reserved - allocated)
+        << " reserved but unallocated (largest free block "
+        << format_bytes(static_cast<std::size_t>(st.largest_free_block)) << ", fragmentation "
+        << std::to_string(st.fragmentation).substr(0, 4) << ").";
+    if (limit != k_unlimited) {
+      msg << " per_process_memory_fraction=" << cfg.per_process_memory_fraction << " caps depot at "
+          << format_bytes(limit) << ": raise it in DEPOT_ALLOC_CONF if the device has room.";
+    } else if (reserved - allocated >= size && st.fragmentation > 0.5) {
+      msg << " The cached memory would suffice but is fragmented: set DEPOT_ALLOC_CONF="
+             "max_split_size_mb:"
+          << std::max<std::size_t>(size >> 20, 1) << " so large blocks are not split.";
+    } else {
+      msg << " Free tensors you no longer need, use smaller batches, or check other processes "
+             "on the device.";
+    }
+    throw out_of_memory(msg.str(), bytes, dev);
+  }
+
+  static std::size_t segment_size(std::size_t size, bool small) noexcept
+  {
+    if (small) return k_small_segment;
+    if (size < k_mid_request) return k_large_segment;
+    return (size + k_large_round - 1) / k_large_round * k_large_round;
+  }
+
+  // Upstream memory for a new segment, or nullptr when the limit or the upstream refuses.
+  void* grow(std::size_t seg_bytes)
+  {
+    const auto reserved = static_cast<std::size_t>(reserved_bytes.all.current.load());
+    if (limit != k_unlimited && reserved + seg_bytes > limit) return nullptr;
+    try {
+      return up->allocate(seg_bytes);
+    } catch (const out_of_memory&) {
+      return nullptr;
+    }
+  }
+
+  block* allocate_miss(stream_cache& c, std::size_t size, bool small, std::size_t bytes,
+                       native_stream s)
+  {
+    std::lock_guard grow_guard{grow_mu};
+    {
+      std::lock_guard g{c.mu};  // another thread may have freed meanwhile
+      if (block* b = take_free(c, size, small, bytes)) return b;
+    }
+    if (block* b = steal(c, size, small, bytes)) return b;
+
+    std::size_t seg_bytes = segment_size(size, small);
+    if (cfg.garbage_collection_threshold > 0.0) {
+      const double cap = static_cast<double>(limit != k_unlimited ? limit : up->memory().total_bytes);
+      if (static_cast<double>(reserved_bytes.all.current.load() + static_cast<std::int64_t>(seg_bytes)) >
+          cfg.garbage_collection_threshold * cap) {
+        flush_all(false);
+      }
+    }
+    void* p = grow(seg_bytes);
+    if (p == nullptr && seg_bytes > size) {  // a 20 MiB segment may not fit where the block does
+      seg_bytes = small ? k_small_segment : (size + k_large_round - 1) / k_large_round * k_large_round;
+      p = grow(seg_bytes);
+    }
+    if (p == nullptr) {
+      retries.fetch_add(1);
+      flush_all(true);
+      {
+        std::lock_guard g{c.mu};
+        if (block* b = take_free(c, size, small, bytes)) return b;
+      }
+      if (block* b = steal(c, size, small, bytes)) return b;
+      p = grow(seg_bytes);
+    }
+    if (p == nullptr) {
+      const bool capped = limit != k_unlimited &&
+                          static_cast<std::size_t>(reserved_bytes.all.current.load()) + seg_bytes > limit;
+      throw_oom(bytes, size, s,
+                capped ? "the per-process limit is reached"
+                       : "the upstream allocation of " + format_bytes(seg_bytes) +
+                             " failed after releasing the cache");
+    }
+    std::lock_guard g{c.mu};
+    auto* seg = new segment;
+    seg->addr = reinterpret_cast<std::uintptr_t>(p);
+    seg->size = seg_bytes;
+    seg->small = small;
+    block* b = new_block(c);
+    b->addr = seg->addr;
+    b->size = seg_bytes;
+    b->seg = seg;
+    seg->head = b;
+    link_segment(c, seg);
+    reserved_bytes.add(small, seg_bytes);
+    cached_bytes.add(small, seg_bytes);
+    num_segments.add(small, 1);
+    trace_event e = event_of(trace_kind::segment_allocate, b, c.stream);
+    record(e);
+    hand_out(c, b, size, bytes);
+    return b;
+  }
+
+  block* lookup(void* ptr, bool erase)
+  {
+    const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+    shard& sh = shard_of(p);
+    std::lock_guard g{sh.mu};
+    auto it = sh.live.find(p);
+    if (it == sh.live.end()) {
+      throw invalid_argument("depot: " + dev.to_string() + " caching allocator: pointer " + hex(p) +
+                             " is not a live allocation of this allocator (a double free, or "
+                             "memory from elsewhere); nothing was changed");
+    }
+    block* b = it->second;
+    if (erase) sh.live.erase(it);
+    return b;
+  }
+
+  void lock_all(std::vector<std::unique_lock<std::mutex>>& locks) const
+  {
+    locks.reserve(caches.size());
+    for (const auto& c : caches) locks.emplace_back(c->mu);
+  }
+
+  memory_stats stats_locked() const
+  {
+    memory_stats s;
+    s.allocated_bytes = allocated_bytes.load();
+    s.requested_bytes = requested_bytes.load();
+    s.reserved_bytes = reserved_bytes.load();
+    s.cached_bytes = cached_bytes.load();
+    s.active_bytes = active_bytes.load();
+    s.inactive_split_bytes = inactive_split_bytes.load();
+    s.num_allocations = num_allocations.load();
+    s.num_segments = num_segments.load();
+    s.num_cache_hits = hits.load();
+    s.num_cache_misses = misses.load();
+    const auto calls = s.num_cache_hits + s.num_cache_misses;
+    s.cache_hit_rate = calls > 0 ? static_cast<double>(s.num_cache_hits) / static_cast<double>(calls) : 0.0;
+    s.peak_allocated = s.allocated_bytes.all.peak;
+    s.peak_cached = s.cached_bytes.all.peak;
+    s.num_alloc_retries = retries.load();
+    s.num_ooms = ooms.load();
+    std::size_t largest = 0;
+    std::size_t free_total = 0;
+    for (const auto& c : caches) {
+      for (const auto& idx : c->pools) {
+        largest = std::max(largest, idx.largest());
+        free_total += idx.bytes();
+      }
+    }
+    s.largest_free_block = static_cast<std::int64_t>(largest);
+    s.fragmentation = free_total > 0 ? 1.0 - static_cast<double>(largest) / static_cast<double>(free_total) : 0.0;
+    return s;
+  }
+
+  memory_stats stats() const
+  {
+    std::shared_lock r{registry_mu};
+    std::vector<std::unique_lock<std::mutex>> locks;
+    lock_all(locks);
+    return stats_locked();
+  }
+};
+
+allocator_core::allocator_core(std::unique_ptr<upstream_resource> upstream, allocator_config config,
+                               bool asynchronous)
+    : impl_{std::make_unique<impl>(std::move(upstream), config, asynchronous)}
+{
+}
+
+allocator_core::~allocator_core() = default;
+
+void* allocator_core::allocate(std::size_t bytes, native_stream stream)
+{
+  impl& m = *impl_;
+  if (bytes == 0) return nullptr;
+  if (bytes > k_max_request) {
+    m.ooms.fetch_add(1);
+    throw out_of_memory("depot: " + m.dev.to_string() + " allocation of " + std::to_string(bytes) +
+                            " bytes (" + format_bytes(bytes) +
+                            ") exceeds the largest request depot accepts, " +
+                            std::to_string(k_max_request) + " bytes (64 PiB)",
+                        bytes, m.dev);
+  }
+  const std::size_t size = m.round_size(bytes);
+  const bool small = size <= k_small_request;
+  stream_cache& c = m.cache_for(stream);
+  block* b = nullptr;
+  {
+    std::lock_guard g{c.mu};
+    if (!c.pending.empty()) m.process_events(c, false);
+    b = m.take_free(c, size, small, bytes);
+  }
+  const bool hit = b != nullptr;
+  if (hit) {
+    m.hits.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    m.misses.fetch_add(1, std::memory_order_relaxed);
+    b = m.allocate_miss(c, size, small, bytes, stream);
+  }
+  {
+    auto& sh = m.shard_of(b->addr);
+    std::lock_guard g{sh.mu};
+    sh.live.emplace(b->addr, b);
+  }
+  if (m.tracing.load(std::memory_order_relaxed)) {
+    trace_event e = m.event_of(trace_kind::allocate, b, stream);
+    e.cache_hit = hit;
+    m.record(e);
+  }
+  return reinterpret_cast<void*>(b->addr);
+}
+
+void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_given,
+                                std::size_t expected_bytes)
+{
+  impl& m = *impl_;
+  if (ptr == nullptr) return;
+  block* b = m.lookup(ptr, true);
+  if (expected_bytes != 0 && expected_bytes != b->requested) {
+    const std::size_t actual = b->requested;
+    {
+      auto& sh = m.shard_of(b->addr);
+      std::lock_guard g{sh.mu};
+      sh.live.emplace(b->addr, b);
+    }
+    throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: deallocate(" +
+                           hex(b->addr) + ", " + std::to_string(expected_bytes) +
+                           " bytes): the allocation was " + std::to_string(actual) +
+                           " bytes; nothing was changed");
+  }
+  stream_cache& c = *b->seg->cache;
+  std::lock_guard g{c.mu};
+  const bool small = b->seg->small;
+  m.allocated_bytes.sub(small, b->size);
+  m.requested_bytes.sub(small, b->requested);
+  m.cached_bytes.add(small, b->size);
+  m.num_allocations.sub(small, 1);
+  if (m.tracing.load(std::memory_order_relaxed)) {
+    trace_event e = m.event_of(trace_kind::free, b, c.stream);
+    e.lifetime_ns = e.time_ns - b->t_alloc;
+    m.record(e);
+  }
+  if (stream_given && stream != c.stream &&
+      std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) {
+    b->uses.push_back(stream);
+  }
+  if (m.async && !b->uses.empty()) {
+    b->state = block_state::pending_free;
+    for (native_stream s : b->uses) {
+      c.pending.emplace_back(m.up->record_event(s), b);
+      ++b->pending;
+    }
+    b->uses.clear();
+  } else {
+    m.release_block(c, b);
+  }
+}
+
+void allocator_core::record_stream(void* ptr, native_stream stream)
+{
+  impl& m = *impl_;
+  block* b = m.lookup(ptr, false);
+  stream_cache& c = *b->seg->cache;
+  std::lock_guard g{c.mu};
+  if (stream != c.stream && std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) {
+    b->uses.push_back(stream);
+  }
+}
+
+memory_stats allocator_core::stats() const { return impl_->stats(); }
+
+allocator_snapshot allocator_core::snapshot() const
+{
+  const impl& m = *impl_;
+  std::shared_lock r{m.registry_mu};
+  std::vector<std::unique_lock<std::mutex>> locks;
+  m.lock_all(locks);
+  allocator_snapshot snap;
+  snap.device = m.dev;
+  for (const auto& c : m.caches) {
+    for (const segment* s = c->segments; s != nullptr; s = s->lnext) {
+      segment_info si;
+      si.address = s->addr;
+      si.size = s->size;
+      si.small_pool = s->small;
+      si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
+      for (const block* b = s->head; b != nullptr; b = b->next) {
+        si.blocks.push_back(block_info{b->addr, b->size,
+                                       b->state == block_state::free ? 0 : b->requested, b->state});
+      }
+      snap.segments.push_back(std::move(si));
+    }
+  }
+  std::sort(snap.segments.begin(), snap.segments.end(),
+            [](const segment_info& a, const segment_info& b) { return a.address < b.address; });
+  return snap;
+}
+
+std::vector<trace_event> allocator_core::trace() const
+{
+  const impl& m = *impl_;
+  std::lock_guard g{m.trace_mu};
+  std::vector<trace_event> out;
+  out.reserve(m.ring_count);
+  const std::size_t n = m.ring.size();
+  for (std::size_t i = 0; i < m.ring_count; ++i) {
+    out.push_back(m.ring[(m.ring_next + n - m.ring_count + i) % n]);
+  }
+  return out;
+}
+
+void allocator_core::empty_cache() { impl_->flush_all(false); }
+
+void allocator_core::reset_peak_stats()
+{
+  impl& m = *impl_;
+  std::shared_lock r{m.registry_mu};
+  std::vector<std::unique_lock<std::mutex>> locks;
+  m.lock_all(locks);
+  for (auto* a : {&m.allocated_bytes, &m.requested_bytes, &m.reserved_bytes, &m.cached_bytes,
+                  &m.active_bytes, &m.inactive_split_bytes, &m.num_allocations, &m.num_segments}) {
+    a->each([](atomic_stat& s) { s.reset_peak(); });
+  }
+}
+
+void allocator_core::reset_memory_stats()
+{
+  impl& m = *impl_;
+  std::shared_lock r{m.registry_mu};
+  std::vector<std::unique_lock<std::mutex>> locks;
+  m.lock_all(locks);
+  for (auto* a : {&m.allocated_bytes, &m.requested_bytes, &m.reserved_bytes, &m.cached_bytes,
+                  &m.active_bytes, &m.inactive_split_bytes, &m.num_allocations, &m.num_segments}) {
+    a->each([](atomic_stat& s) { s.reset_totals(); });
+  }
+  m.hits.store(0);
+  m.misses.store(0);
+  m.retries.store(0);
+  m.ooms.store(0);
+}
+
+void allocator_core::set_trace_capacity(std::size_t events) { impl_->set_trace_capacity(events); }
+
+const allocator_config& allocator_core::config() const noexcept { return impl_->cfg; }
+
+device_id allocator_core::device() const noexcept { return impl_->dev; }
+
+}  // namespace depot::detail

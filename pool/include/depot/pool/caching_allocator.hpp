@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#pragma once
+
+#include <depot/hal/device.hpp>
+#include <depot/hal/expects.hpp>
+#include <depot/hal/stream_ref.hpp>
+#include <depot/pool/allocator_config.hpp>
+#include <depot/pool/detail/allocator_core.hpp>
+#include <depot/pool/device_upstream.hpp>
+#include <depot/pool/allocator_snapshot.hpp>
+#include <depot/pool/memory_stats.hpp>
+#include <depot/pool/trace_event.hpp>
+
+#include <cstddef>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace depot {
+
+// A stream-ordered caching allocator for one device of backend D. Requests are rounded to
+// 512 bytes; requests up to 1 MiB come from a small pool of 2 MiB segments, larger ones from
+// a large pool; free blocks are split and coalesced; finding a block is O(1).
+// Stream semantics: memory freed on stream S is reusable at once by later work on S; use on
+// other streams is declared with record_stream() and delays reuse until their events
+// complete. Thread-safe; threads on different streams do not share a lock on a cache hit.
+// Owns its segments and returns them to the upstream in empty_cache() and on destruction.
+template <device D>
+class caching_allocator {
+ public:
+  // Device memory of `device`, configured by `config` (by default from DEPOT_ALLOC_CONF;
+  // a bad setting throws depot::invalid_argument here).
+  explicit caching_allocator(int device = 0,
+                             allocator_config config = allocator_config::from_environment())
+      : caching_allocator(std::make_unique<device_upstream<D>>(device), config)
+  {
+  }
+  // Any upstream (the pinned host pool, a limiting upstream in tests).
+  caching_allocator(std::unique_ptr<upstream_resource> upstream, allocator_config config)
+      : core_{std::move(upstream), config, is_gpu_v<D>}
+  {
+  }
+
+  // A block of at least `bytes` bytes, 512-byte aligned, usable on `stream` in stream order.
+  // bytes == 0 gives nullptr. Throws depot::out_of_memory after waiting for pending frees
+  // and releasing the cache.
+  [[nodiscard]] void* allocate(std::size_t bytes, stream_ref<D> stream = {})
+  {
+    return core_.allocate(bytes, stream.native());
+  }
+  // count elements of element_size bytes; the product is checked (no wrap-around).
+  [[nodiscard]] void* allocate(std::size_t count, std::size_t element_size, stream_ref<D> stream)
+  {
+    DEPOT_EXPECTS(element_size == 0 || count <= std::numeric_limits<std::size_t>::max() / element_size,
+                  "depot: allocation of " + std::to_string(count) + " elements of " +
+                      std::to_string(element_size) + " bytes overflows size_t");
+    return core_.allocate(count * element_size, stream.native());
+  }
+  // Frees on the stream the block was allocated on. nullptr is a no-op; a pointer that is
+  // not live here (double free, foreign) throws depot::invalid_argument and changes nothing.
+  void deallocate(void* ptr) { core_.deallocate(ptr, nullptr, false, 0); }
+  // Frees in the order of `stream` (if it is not the allocation's, as if record_stream).
+  void deallocate(void* ptr, stream_ref<D> stream) { core_.deallocate(ptr, stream.native(), true, 0); }
+  // As above, checking `bytes` against the size that was allocated.
+  void deallocate(void* ptr, std::size_t bytes, stream_ref<D> stream)
+  {
+    core_.deallocate(ptr, stream.native(), true, bytes == 0 ? 0 : bytes);
+  }
+  // Declares that work on `stream` uses the block; its reuse waits for that work.
+  void record_stream(void* ptr, stream_ref<D> stream) { core_.record_stream(ptr, stream.native()); }
+
+  [[nodiscard]] memory_stats stats() const { return core_.stats(); }
+  [[nodiscard]] allocator_snapshot snapshot() const { return core_.snapshot(); }
+  [[nodiscard]] std::vector<trace_event> trace() const { return core_.trace(); }
+  [[nodiscard]] std::string trace_json() const { return core_.trace_json(); }
+  [[nodiscard]] std::string summary() const { return core_.summary(); }
+  // Returns every whole free segment to the upstream; live blocks are untouched.
+  void empty_cache() { core_.empty_cache(); }
+  // Peaks become the current values; nothing else changes.
+  void reset_peak_stats() { core_.reset_peak_stats(); }
+  // Totals, counters and peaks restart; current values (live memory) are kept.
+  void reset_memory_stats() { core_.reset_memory_stats(); }
+  // Keep the last `events` allocation events (0: stop tracing).
+  void set_trace_capacity(std::size_t events) { core_.set_trace_capacity(events); }
+  [[nodiscard]] const allocator_config& config() const noexcept { return core_.config(); }
+  [[nodiscard]] device_id device() const noexcept { return core_.device(); }
+
+ private:
+  detail::allocator_core core_;
+};
+
+}  // namespace depot

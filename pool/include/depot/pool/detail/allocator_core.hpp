@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#pragma once
+
+// The caching allocator's algorithm, written once for every backend: caching_allocator<D>
+// is a typed front over this. Not for direct use.
+#include <depot/hal/native_handle.hpp>
+#include <depot/pool/allocator_config.hpp>
+#include <depot/pool/allocator_snapshot.hpp>
+#include <depot/pool/memory_stats.hpp>
+#include <depot/pool/trace_event.hpp>
+#include <depot/pool/upstream_resource.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace depot::detail {
+
+class allocator_core {
+ public:
+  // `asynchronous`: whether streams of this backend can run behind the host (false for
+  // the host backend, where a freed block is reusable on any stream at once).
+  allocator_core(std::unique_ptr<upstream_resource> upstream, allocator_config config,
+                 bool asynchronous);
+  allocator_core(const allocator_core&) = delete;
+  allocator_core& operator=(const allocator_core&) = delete;
+  ~allocator_core();
+
+  [[nodiscard]] void* allocate(std::size_t bytes, native_stream stream);
+  // `stream_given`: the free is ordered on `stream` (else on the stream of the allocation).
+  // `expected_bytes`: the size-taking overload's size (0: not given).
+  void deallocate(void* ptr, native_stream stream, bool stream_given, std::size_t expected_bytes);
+  void record_stream(void* ptr, native_stream stream);
+
+  [[nodiscard]] memory_stats stats() const;
+  [[nodiscard]] allocator_snapshot snapshot() const;
+  [[nodiscard]] std::vector<trace_event> trace() const;
+  [[nodiscard]] std::string trace_json() const;
+  [[nodiscard]] std::string summary() const;
+  void empty_cache();
+  void reset_peak_stats();
+  void reset_memory_stats();
+  void set_trace_capacity(std::size_t events);
+  [[nodiscard]] const allocator_config& config() const noexcept;
+  [[nodiscard]] device_id device() const noexcept;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace depot::detail

@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#pragma once
+
+#include <depot/hal/device.hpp>
+#include <depot/hal/runtime.hpp>
+#include <depot/pool/upstream_resource.hpp>
+
+namespace depot {
+
+// Device memory of backend D straight from the HAL (cudaMalloc / hipMalloc / the heap),
+// with D's events. `pinned = true` takes pinned host memory instead (cudaMallocHost /
+// hipHostMalloc), still ordered by D's streams: the upstream of the pinned host pool.
+// Thread-safe (the HAL is).
+template <device D>
+class device_upstream final : public upstream_resource {
+ public:
+  explicit device_upstream(int device = 0, bool pinned = false) : device_{device}, pinned_{pinned}
+  {
+    runtime<D>::check_device(device);
+  }
+
+  [[nodiscard]] void* allocate(std::size_t bytes) override
+  {
+    return pinned_ ? runtime<D>::allocate_pinned(bytes) : runtime<D>::allocate(bytes, device_);
+  }
+  void deallocate(void* ptr, std::size_t) noexcept override
+  {
+    if (pinned_) {
+      runtime<D>::deallocate_pinned(ptr);
+    } else {
+      runtime<D>::deallocate(ptr, device_);
+    }
+  }
+  [[nodiscard]] memory_info memory() override
+  {
+    return pinned_ ? runtime<host>::memory(0) : runtime<D>::memory(device_);
+  }
+  [[nodiscard]] device_id device() const noexcept override
+  {
+    return pinned_ ? device_id{device_kind::host, 0} : device_id::of<D>(device_);
+  }
+  [[nodiscard]] native_event record_event(native_stream stream) override
+  {
+    native_event e = runtime<D>::create_event(device_, false);
+    try {
+      runtime<D>::record_event(e, stream);
+    } catch (...) {
+      runtime<D>::destroy_event(e, device_);
+      throw;
+    }
+    return e;
+  }
+  [[nodiscard]] bool event_done(native_event event) override { return runtime<D>::query_event(event); }
+  void wait_event(native_event event) override { runtime<D>::synchronize_event(event); }
+  void stream_wait(native_stream stream, native_event event) override
+  {
+    runtime<D>::wait_event(stream, event);
+  }
+  void destroy_event(native_event event) noexcept override { runtime<D>::destroy_event(event, device_); }
+
+ private:
+  int device_;
+  bool pinned_;
+};
+
+}  // namespace depot

@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace depot {
+
+enum class trace_kind : std::uint8_t {
+  allocate = 0,         // a block handed out (cache hit or miss)
+  free = 1,             // a block returned (lifetime_ns set)
+  segment_allocate = 2, // memory taken from the upstream
+  segment_free = 3,     // memory returned to the upstream
+  out_of_memory = 4,    // an allocation that failed after every retry
+};
+
+[[nodiscard]] constexpr std::string_view to_string(trace_kind k) noexcept
+{
+  switch (k) {
+    case trace_kind::allocate: return "alloc";
+    case trace_kind::free: return "free";
+    case trace_kind::segment_allocate: return "segment_alloc";
+    case trace_kind::segment_free: return "segment_free";
+    case trace_kind::out_of_memory: return "oom";
+  }
+  return "unknown";
+}
+
+// One entry of the allocator's trace ring buffer. Times are steady-clock nanoseconds.
+struct trace_event {
+  trace_kind kind = trace_kind::allocate;
+  std::uint64_t time_ns = 0;
+  std::uintptr_t address = 0;
+  std::size_t size = 0;       // block or segment bytes
+  std::size_t requested = 0;  // bytes asked for (allocate, free, out_of_memory)
+  std::uintptr_t stream = 0;
+  std::uint64_t thread = 0;   // a hash of the calling thread's id
+  bool cache_hit = false;     // allocate: served from the cache without the upstream
+  std::uint64_t lifetime_ns = 0;  // free: time since its allocate
+};
+
+}  // namespace depot

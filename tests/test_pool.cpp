@@ -1,0 +1,675 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#include "test_devices.hpp"
+
+#include <doctest/doctest.h>
+
+#include <depot/hal/invalid_argument.hpp>
+#include <depot/hal/out_of_memory.hpp>
+#include <depot/hal/runtime.hpp>
+#include <depot/hal/stream.hpp>
+#include <depot/ops/fill.hpp>
+#include <depot/pool/caching_allocator.hpp>
+#include <depot/pool/memory_functions.hpp>
+#include <depot/pool/pool.hpp>
+#include <depot/pool/profile_memory.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+bool contains(const std::string& text, const std::string& part)
+{
+  return text.find(part) != std::string::npos;
+}
+
+// A checking upstream: device memory of D with a byte limit; counts what is outstanding so
+// a test can prove nothing leaks, and can report a chosen total for fraction limits.
+template <depot::device D>
+class limiting_upstream final : public depot::upstream_resource {
+ public:
+  struct counters {
+    std::atomic<std::int64_t> outstanding{0};
+    std::atomic<int> allocations{0};
+    std::atomic<int> failures{0};
+  };
+  limiting_upstream(std::size_t limit, std::shared_ptr<counters> c, std::size_t reported_total = 0)
+      : limit_{limit}, total_{reported_total}, c_{std::move(c)}
+  {
+  }
+  void* allocate(std::size_t bytes) override
+  {
+    if (static_cast<std::size_t>(c_->outstanding.load()) + bytes > limit_) {
+      ++c_->failures;
+      throw depot::out_of_memory("limiting upstream: over its limit", bytes, device());
+    }
+    void* p = inner_.allocate(bytes);
+    c_->outstanding += static_cast<std::int64_t>(bytes);
+    ++c_->allocations;
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override
+  {
+    c_->outstanding -= static_cast<std::int64_t>(bytes);
+    inner_.deallocate(p, bytes);
+  }
+  depot::memory_info memory() override
+  {
+    return total_ == 0 ? inner_.memory() : depot::memory_info{total_, total_};
+  }
+  depot::device_id device() const noexcept override { return inner_.device(); }
+  depot::native_event record_event(depot::native_stream s) override { return inner_.record_event(s); }
+  bool event_done(depot::native_event e) override { return inner_.event_done(e); }
+  void wait_event(depot::native_event e) override { inner_.wait_event(e); }
+  void stream_wait(depot::native_stream s, depot::native_event e) override { inner_.stream_wait(s, e); }
+  void destroy_event(depot::native_event e) noexcept override { inner_.destroy_event(e); }
+
+ private:
+  depot::device_upstream<D> inner_{0};
+  std::size_t limit_;
+  std::size_t total_;
+  std::shared_ptr<counters> c_;
+};
+
+// Every statistic against the snapshot taken with it, and the allocator's structure.
+void check_invariants(const depot::memory_stats& s, const depot::allocator_snapshot& snap)
+{
+  struct sums {
+    std::int64_t reserved = 0, allocated = 0, active = 0, requested = 0, split = 0, blocks = 0,
+                 segments = 0;
+  } pool[2];  // [0] large, [1] small
+  for (const auto& seg : snap.segments) {
+    sums& p = pool[seg.small_pool ? 1 : 0];
+    p.reserved += static_cast<std::int64_t>(seg.size);
+    ++p.segments;
+    std::uintptr_t expect = seg.address;
+    bool previous_free = false;
+    REQUIRE_FALSE(seg.blocks.empty());
+    for (const auto& b : seg.blocks) {
+      REQUIRE(b.address == expect);  // blocks tile the segment
+      expect += b.size;
+      REQUIRE(b.size % 512 == 0);
+      const bool is_free = b.state == depot::block_state::free;
+      REQUIRE_FALSE((is_free && previous_free));  // free neighbours are always merged
+      previous_free = is_free;
+      if (b.state == depot::block_state::allocated) {
+        p.allocated += static_cast<std::int64_t>(b.size);
+        p.requested += static_cast<std::int64_t>(b.requested);
+        ++p.blocks;
+      }
+      if (!is_free) p.active += static_cast<std::int64_t>(b.size);
+      if (is_free && seg.blocks.size() > 1) p.split += static_cast<std::int64_t>(b.size);
+    }
+    REQUIRE(expect == seg.address + seg.size);
+  }
+  auto check = [](const depot::stat_array& a, std::int64_t large, std::int64_t small) {
+    CHECK(a.large.current == large);
+    CHECK(a.small.current == small);
+    CHECK(a.all.current == large + small);
+    CHECK(a.all.peak >= a.all.current);
+  };
+  check(s.reserved_bytes, pool[0].reserved, pool[1].reserved);
+  check(s.allocated_bytes, pool[0].allocated, pool[1].allocated);
+  check(s.requested_bytes, pool[0].requested, pool[1].requested);
+  check(s.active_bytes, pool[0].active, pool[1].active);
+  check(s.inactive_split_bytes, pool[0].split, pool[1].split);
+  check(s.num_allocations, pool[0].blocks, pool[1].blocks);
+  check(s.num_segments, pool[0].segments, pool[1].segments);
+  CHECK(s.cached_bytes.all.current == s.reserved_bytes.all.current - s.allocated_bytes.all.current);
+  CHECK(s.fragmentation >= 0.0);
+  CHECK(s.fragmentation < 1.0);
+}
+
+template <depot::device D>
+void check_invariants(const depot::caching_allocator<D>& a)
+{
+  check_invariants(a.stats(), a.snapshot());
+}
+
+template <depot::device D>
+depot::allocator_config quiet_config()
+{
+  return depot::allocator_config{};  // defaults, whatever DEPOT_ALLOC_CONF says
+}
+
+// Fills n bytes of device memory with `value` and checks samples of it later.
+template <depot::device D>
+void fill_bytes(void* p, std::size_t n, unsigned char value, depot::stream_ref<D> s)
+{
+  depot::runtime<D>::set_async(p, value, n, s.native());
+}
+
+template <depot::device D>
+bool check_bytes(const void* p, std::size_t n, unsigned char value, std::mt19937_64& rng)
+{
+  unsigned char probe[64];
+  const std::size_t k = std::min<std::size_t>(sizeof probe, n);
+  const std::size_t spots[] = {0, n - k, (rng() % (n - k + 1))};
+  for (std::size_t at : spots) {
+    depot::runtime<D>::copy(probe, static_cast<const unsigned char*>(p) + at, k);
+    for (std::size_t i = 0; i < k; ++i) {
+      if (probe[i] != value) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("pool: the allocator contract", D, DEPOT_TEST_DEVICES)
+{
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  CHECK(a.allocate(0) == nullptr);
+  a.deallocate(nullptr);
+  for (std::size_t n : {std::size_t{4}, std::size_t{1024}, MiB, std::size_t{1} << 30}) {
+    CAPTURE(n);
+    void* p = a.allocate(n);
+    REQUIRE(p != nullptr);
+    CHECK(reinterpret_cast<std::uintptr_t>(p) % 512 == 0);
+    depot::runtime<D>::set_async(p, 0x5C, n, nullptr);
+    depot::runtime<D>::synchronize(0);
+    a.deallocate(p);
+  }
+  // Back-to-back small allocations are distinct and do not overlap.
+  std::vector<void*> ptrs;
+  for (int i = 0; i < 100; ++i) ptrs.push_back(a.allocate(100));
+  std::set<void*> distinct(ptrs.begin(), ptrs.end());
+  CHECK(distinct.size() == ptrs.size());
+  for (std::size_t i = 1; i < ptrs.size(); ++i) {
+    const auto d = reinterpret_cast<std::intptr_t>(ptrs[i]) - reinterpret_cast<std::intptr_t>(ptrs[i - 1]);
+    CHECK(std::abs(d) >= 512);
+  }
+  for (void* p : ptrs) a.deallocate(p);
+  check_invariants(a);
+  CHECK(a.stats().allocated_bytes.all.current == 0);
+}
+
+TEST_CASE_TEMPLATE("pool: random sizes and mixed operations keep data and statistics", D,
+                   DEPOT_TEST_DEVICES)
+{
+  std::mt19937_64 rng{depot::test::seed("pool random sizes", 0xDE907)};
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  depot::stream<D> s;
+  std::map<void*, std::pair<std::size_t, unsigned char>> live;
+  unsigned char next_id = 1;
+  auto alloc = [&](std::size_t n) {
+    void* p = a.allocate(n, s);
+    REQUIRE(p != nullptr);
+    fill_bytes<D>(p, n, next_id, s);
+    live[p] = {n, next_id};
+    next_id = static_cast<unsigned char>(next_id % 250 + 1);
+  };
+  for (int i = 0; i < 100; ++i) alloc(1 + rng() % (5 * MiB));
+  s.synchronize();
+  for (int i = 0; i < 200; ++i) {
+    if (live.empty() || rng() % 100 < 55) {
+      alloc(1 + rng() % (5 * MiB));
+    } else {
+      auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
+      s.synchronize();
+      REQUIRE(check_bytes<D>(it->first, it->second.first, it->second.second, rng));
+      a.deallocate(it->first, s);
+      live.erase(it);
+    }
+  }
+  s.synchronize();
+  check_invariants(a);
+  for (auto& [p, info] : live) {
+    REQUIRE(check_bytes<D>(p, info.first, info.second, rng));
+    a.deallocate(p);
+  }
+  const auto st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.num_cache_hits + st.num_cache_misses == st.num_allocations.all.allocated);
+  CHECK(st.num_cache_hits > 0);
+  check_invariants(a);
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+}
+
+TEST_CASE_TEMPLATE("pool: statistics fuzz, 10 000 operations, invariants after each", D,
+                   DEPOT_TEST_DEVICES)
+{
+  std::mt19937_64 rng{depot::test::seed("pool stats fuzz", 10000)};
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  depot::stream<D> s;
+  std::map<void*, std::pair<std::size_t, unsigned char>> live;
+  std::int64_t expect_peak = 0;
+  for (int op = 0; op < 10000; ++op) {
+    const auto r = rng() % 100;
+    if (r < 2) {
+      a.empty_cache();
+    } else if (live.empty() || (r < 55 && live.size() < 48)) {
+      const std::size_t n = 2 * MiB + rng() % (18 * MiB);
+      void* p = a.allocate(n, s);
+      const auto id = static_cast<unsigned char>(op % 251 + 1);
+      fill_bytes<D>(p, n, id, s);
+      live[p] = {n, id};
+    } else {
+      auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
+      s.synchronize();
+      REQUIRE(check_bytes<D>(it->first, it->second.first, it->second.second, rng));
+      a.deallocate(it->first);
+      live.erase(it);
+    }
+    const auto st = a.stats();
+    expect_peak = std::max(expect_peak, st.allocated_bytes.all.current);
+    REQUIRE(st.allocated_bytes.all.peak == expect_peak);
+    REQUIRE(st.allocated_bytes.all.allocated - st.allocated_bytes.all.freed ==
+            st.allocated_bytes.all.current);
+    if (op % 10 == 0 || op > 9900) check_invariants(st, a.snapshot());
+  }
+  // A peak reset never disturbs live totals.
+  const auto before = a.stats();
+  a.reset_peak_stats();
+  const auto after = a.stats();
+  CHECK(after.allocated_bytes.all.current == before.allocated_bytes.all.current);
+  CHECK(after.allocated_bytes.all.peak == after.allocated_bytes.all.current);
+  CHECK(after.reserved_bytes.all.current == before.reserved_bytes.all.current);
+  a.reset_memory_stats();
+  const auto reset = a.stats();
+  CHECK(reset.allocated_bytes.all.current == before.allocated_bytes.all.current);
+  CHECK(reset.allocated_bytes.all.allocated == 0);
+  CHECK(reset.num_cache_hits == 0);
+  check_invariants(reset, a.snapshot());
+  for (auto& [p, info] : live) a.deallocate(p);
+  check_invariants(a);
+}
+
+TEST_CASE_TEMPLATE("pool: out of memory retries, then throws a full report, and leaks nothing",
+                   D, DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  {
+    depot::caching_allocator<D> a{std::make_unique<limiting_upstream<D>>(80 * MiB, counters),
+                                  quiet_config<D>()};
+    void* x = a.allocate(30 * MiB);
+    void* y = a.allocate(30 * MiB);
+    a.deallocate(y);  // 30 MiB cached, 60 MiB reserved
+    // 40 MiB does not fit next to 60: the cache is released and the retry succeeds.
+    void* z = a.allocate(40 * MiB);
+    auto st = a.stats();
+    CHECK(st.num_alloc_retries == 1);
+    CHECK(st.num_ooms == 0);
+    CHECK(st.reserved_bytes.all.current == 70 * static_cast<std::int64_t>(MiB));
+    // 60 MiB cannot fit at all.
+    try {
+      (void)a.allocate(60 * MiB);
+      FAIL("60 MiB over an 80 MiB limit succeeded");
+    } catch (const depot::out_of_memory& e) {
+      const std::string m = e.what();
+      CHECK(e.requested_bytes() == 60 * MiB);
+      CHECK(contains(m, "out of memory"));
+      CHECK(contains(m, std::to_string(60 * MiB) + " bytes"));
+      CHECK(contains(m, e.device().to_string()));
+      CHECK(contains(m, "reserved"));
+      CHECK(contains(m, "allocated"));
+      CHECK(contains(m, "largest free block"));
+      CHECK(contains(m, "fragmentation"));
+    }
+    st = a.stats();
+    CHECK(st.num_ooms == 1);
+    CHECK(st.num_alloc_retries == 2);
+    check_invariants(a);
+    // The live blocks are intact and usable.
+    depot::runtime<D>::set_async(x, 1, 30 * MiB, nullptr);
+    depot::runtime<D>::set_async(z, 2, 40 * MiB, nullptr);
+    depot::runtime<D>::synchronize(0);
+    a.deallocate(x);
+    a.deallocate(z);
+  }
+  CHECK(counters->outstanding.load() == 0);  // everything went back to the upstream
+  CHECK(counters->failures.load() >= 2);
+}
+
+TEST_CASE_TEMPLATE("pool: per_process_memory_fraction caps reserved memory", D, DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  depot::allocator_config cfg;
+  cfg.per_process_memory_fraction = 0.5;
+  depot::caching_allocator<D> a{
+      std::make_unique<limiting_upstream<D>>(1024 * MiB, counters, 100 * MiB), cfg};
+  void* p = a.allocate(40 * MiB);
+  try {
+    (void)a.allocate(20 * MiB);
+    FAIL("allocation beyond the fraction succeeded");
+  } catch (const depot::out_of_memory& e) {
+    CHECK(contains(e.what(), "per_process_memory_fraction"));
+  }
+  a.deallocate(p);
+  CHECK(counters->failures.load() == 0);  // refused before the upstream was asked
+}
+
+TEST_CASE_TEMPLATE("pool: bad input is refused and changes nothing", D, DEPOT_TEST_DEVICES)
+{
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  void* p = a.allocate(1000);
+  const auto before = a.stats();
+  for (std::size_t huge : {std::numeric_limits<std::size_t>::max(),
+                           std::numeric_limits<std::size_t>::max() - 100,
+                           (std::size_t{1} << 56) + 1}) {
+    CAPTURE(huge);
+    try {
+      (void)a.allocate(huge);
+      FAIL("a near-SIZE_MAX request succeeded");
+    } catch (const depot::out_of_memory& e) {
+      CHECK(e.requested_bytes() == huge);
+      CHECK(contains(e.what(), std::to_string(huge)));
+    }
+  }
+  CHECK_THROWS_AS((void)a.allocate(std::size_t{1} << 62, 8, {}), depot::invalid_argument);
+  CHECK_THROWS_AS((void)a.allocate(std::numeric_limits<std::size_t>::max() / 2 + 1, 2, {}),
+                  depot::invalid_argument);
+  void* ok = a.allocate(4, 8, {});
+  CHECK(ok != nullptr);
+  a.deallocate(ok);
+
+  int on_stack = 0;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(&on_stack)));
+  try {
+    a.deallocate(&on_stack);
+    FAIL("a foreign pointer was accepted");
+  } catch (const depot::invalid_argument& e) {
+    CHECK(contains(e.what(), buf));
+  }
+  // Wrong size for the size-taking overload: refused, the block stays live.
+  CHECK_THROWS_AS(a.deallocate(p, 999, {}), depot::invalid_argument);
+  a.deallocate(p, 1000, {});
+  // Double free.
+  CHECK_THROWS_AS(a.deallocate(p), depot::invalid_argument);
+  CHECK_THROWS_AS(a.record_stream(p, {}), depot::invalid_argument);
+  const auto after = a.stats();
+  CHECK(after.allocated_bytes.all.current == before.allocated_bytes.all.current - 1024);
+  CHECK(after.reserved_bytes.all.current == before.reserved_bytes.all.current);
+  check_invariants(a);
+  // Still fully working.
+  void* q = a.allocate(1000);
+  a.deallocate(q);
+}
+
+TEST_CASE_TEMPLATE("pool: a block used on another stream waits for it before reuse", D,
+                   DEPOT_TEST_DEVICES)
+{
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  depot::stream<D> s1;
+  depot::stream<D> s2;
+  const std::size_t n = 8 * MiB;
+  void* x = a.allocate(n, s1);
+  // Long work on s2 that uses x.
+  void* big = a.allocate(512 * MiB, s2);
+  const int passes = depot::is_gpu_v<D> ? 50 : 1;  // ~10 ms of GPU work; the host is synchronous
+  for (int i = 0; i < passes; ++i) {
+    depot::ops::fill<D, float>(static_cast<float*>(big), 128 * MiB, 1.0F, s2);
+  }
+  depot::ops::fill<D, float>(static_cast<float*>(x), n / 4, 2.0F, s2);
+  a.record_stream(x, s2);
+  a.deallocate(x, s1);
+  void* y = a.allocate(n, s1);
+  if constexpr (depot::is_gpu_v<D>) {
+    if (!s2.ready()) {
+      CHECK(y != x);  // s2 may still write x: it must not be handed out yet
+    }
+    CHECK(a.stats().active_bytes.all.current >= static_cast<std::int64_t>(2 * n));
+  } else {
+    CHECK(y == x);  // the host finished the work at once: immediate reuse
+  }
+  s2.synchronize();
+  a.deallocate(y, s1);
+  // Once s2's event completed, x's block is free again and is reused on s1.
+  void* z = a.allocate(n, s1);
+  CHECK(z == x);
+  a.deallocate(z, s1);
+  a.deallocate(big, s2);
+  check_invariants(a);
+}
+
+TEST_CASE_TEMPLATE("pool: streams that come and go do not strand memory", D, DEPOT_TEST_DEVICES)
+{
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  for (int i = 0; i < 40; ++i) {
+    depot::stream<D> s;
+    void* p = a.allocate(3 * MiB, s);  // a 20 MiB large segment
+    void* q = a.allocate(300 * 1024, s);  // a 2 MiB small segment
+    a.deallocate(p, s);
+    a.deallocate(q, s);
+    s.synchronize();
+  }
+  const auto st = a.stats();
+  // Each new stream took over the segments the previous one left.
+  CHECK(st.num_segments.all.current == 2);
+  CHECK(st.reserved_bytes.all.current == static_cast<std::int64_t>(22 * MiB));
+  check_invariants(a);
+}
+
+TEST_CASE_TEMPLATE("pool: producer and consumer on two streams", D, DEPOT_TEST_DEVICES)
+{
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  depot::stream<D> producer;
+  depot::stream<D> consumer;
+  std::mt19937_64 rng{depot::test::seed("pool producer consumer", 42)};
+  for (int i = 0; i < 50; ++i) {
+    const std::size_t n = 4096 + rng() % (3 * MiB);
+    void* p = a.allocate(n, producer);
+    fill_bytes<D>(p, n, static_cast<unsigned char>(i + 1), producer);
+    depot::event<D> ready;
+    ready.record(producer);
+    consumer.wait(ready);
+    std::vector<unsigned char> out(n);
+    a.record_stream(p, consumer);
+    depot::runtime<D>::copy_async(out.data(), p, n, consumer.native());
+    a.deallocate(p, producer);
+    consumer.synchronize();
+    REQUIRE(out.front() == static_cast<unsigned char>(i + 1));
+    REQUIRE(out.back() == static_cast<unsigned char>(i + 1));
+  }
+  producer.synchronize();
+  check_invariants(a);
+}
+
+TEST_CASE_TEMPLATE("pool: four threads at once", D, DEPOT_TEST_DEVICES)
+{
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  std::atomic<int> errors{0};
+  const auto seed = depot::test::seed("pool threads", 4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng{seed + static_cast<unsigned>(t)};
+      depot::stream<D> s;
+      std::vector<std::pair<void*, std::size_t>> mine;
+      for (int i = 0; i < 1500; ++i) {
+        if (mine.empty() || rng() % 2 == 0) {
+          const std::size_t n = 1 + rng() % (rng() % 8 == 0 ? 4 * MiB : 64 * 1024);
+          void* p = a.allocate(n, s);
+          depot::runtime<D>::set_async(p, t + 1, std::min<std::size_t>(n, 256), s.native());
+          mine.emplace_back(p, n);
+        } else {
+          const auto k = rng() % mine.size();
+          unsigned char probe = 0;
+          s.synchronize();
+          depot::runtime<D>::copy(&probe, mine[k].first, 1);
+          if (probe != t + 1) ++errors;
+          a.deallocate(mine[k].first, s);
+          mine.erase(mine.begin() + static_cast<long>(k));
+        }
+      }
+      s.synchronize();
+      for (auto& [p, n] : mine) a.deallocate(p, s);
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(errors.load() == 0);
+  CHECK(a.stats().allocated_bytes.all.current == 0);
+  check_invariants(a);
+}
+
+TEST_CASE_TEMPLATE("pool: snapshot, trace and summary", D, DEPOT_TEST_DEVICES)
+{
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  a.set_trace_capacity(16);
+  std::vector<void*> ps;
+  for (int i = 0; i < 12; ++i) ps.push_back(a.allocate((i + 1) * 1000));
+  for (void* p : ps) a.deallocate(p);
+  const auto events = a.trace();
+  REQUIRE(events.size() == 16);  // the ring keeps the last 16 of 25 events
+  CHECK(events.back().kind == depot::trace_kind::free);
+  CHECK(events.back().lifetime_ns > 0);
+  std::uint64_t t = 0;
+  for (const auto& e : events) {
+    CHECK(e.time_ns >= t);
+    t = e.time_ns;
+  }
+  const auto trace = nlohmann::json::parse(a.trace_json());
+  CHECK(trace["format"] == "depot.trace.v1");
+  CHECK(trace["events"].size() == 16);
+  void* live = a.allocate(5000);
+  const auto snap = nlohmann::json::parse(a.snapshot().to_json());
+  CHECK(snap["format"] == "depot.snapshot.v1");
+  REQUIRE(snap["segments"].size() == 1);
+  CHECK(snap["segments"][0]["pool"] == "small");
+  CHECK(snap["segments"][0]["blocks"][0]["state"] == "allocated");
+  CHECK(snap["segments"][0]["blocks"][0]["requested"] == 5000);
+  const std::string summary = a.summary();
+  CHECK(contains(summary, "allocated bytes"));
+  CHECK(contains(summary, "fragmentation"));
+  a.deallocate(live);
+  {
+    depot::profile_memory<D> scope{a};
+    void* p = a.allocate(3 * MiB);
+    a.deallocate(p);
+    CHECK(scope.peak_memory() == static_cast<std::int64_t>(3 * MiB));
+    CHECK(scope.growth() == 0);
+    CHECK(contains(scope.memory_summary(), "reserved bytes"));
+  }
+}
+
+TEST_CASE_TEMPLATE("pool: the process-wide pools and free functions", D, DEPOT_TEST_DEVICES)
+{
+  auto& p = depot::pool<D>();
+  CHECK(&p == &depot::pool<D>(0));
+  CHECK_THROWS_AS((void)depot::pool<D>(depot::device_count<D>()), depot::invalid_argument);
+  CHECK_THROWS_AS((void)depot::pool<D>(-1), depot::invalid_argument);
+  const auto base = depot::memory_allocated<D>();
+  void* x = p.allocate(10 * MiB);
+  CHECK(depot::memory_allocated<D>() == base + static_cast<std::int64_t>(10 * MiB));
+  CHECK(depot::max_memory_allocated<D>() >= depot::memory_allocated<D>());
+  CHECK(depot::memory_reserved<D>() >= depot::memory_allocated<D>());
+  CHECK(depot::memory_cached<D>() == depot::memory_reserved<D>() - depot::memory_allocated<D>());
+  CHECK(depot::get_memory_stats<D>().num_allocations.all.current >= 1);
+  CHECK_FALSE(depot::memory_summary<D>().empty());
+  CHECK_FALSE(depot::memory_snapshot<D>().segments.empty());
+  p.deallocate(x);
+  depot::empty_cache<D>();
+  depot::reset_peak_stats<D>();
+  depot::reset_memory_stats<D>();
+  CHECK(depot::max_memory_allocated<D>() == depot::memory_allocated<D>());
+
+  // The pinned pool: host-accessible memory ordered on D's streams.
+  auto& pinned = depot::pinned_pool<D>();
+  CHECK(&pinned != &p);
+  CHECK(pinned.device().kind == depot::device_kind::host);
+  auto* h = static_cast<unsigned char*>(pinned.allocate(MiB));
+  std::memset(h, 0x3A, MiB);  // directly writable by the host
+  void* d = p.allocate(MiB);
+  depot::stream<D> s;
+  depot::runtime<D>::copy_async(d, h, MiB, s.native());
+  pinned.record_stream(h, s);
+  pinned.deallocate(h);
+  unsigned char probe = 0;
+  s.synchronize();
+  depot::runtime<D>::copy(&probe, static_cast<unsigned char*>(d) + MiB - 1, 1);
+  CHECK(probe == 0x3A);
+  p.deallocate(d);
+}
+
+TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
+{
+  using depot::allocator_config;
+  const auto c = allocator_config::parse(
+      "max_split_size_mb:256, roundup_power2_divisions:4,garbage_collection_threshold:0.8,"
+      "release_threshold_mb:0,per_process_memory_fraction:0.75,trace_capacity:1000");
+  CHECK(c.max_split_size == 256 * MiB);
+  CHECK(c.roundup_power2_divisions == 4);
+  CHECK(c.garbage_collection_threshold == doctest::Approx(0.8));
+  CHECK(c.release_threshold == 0);
+  CHECK(c.per_process_memory_fraction == doctest::Approx(0.75));
+  CHECK(c.trace_capacity == 1000);
+  const auto round = allocator_config::parse(c.to_string());
+  CHECK(round.max_split_size == c.max_split_size);
+  CHECK(round.trace_capacity == c.trace_capacity);
+  CHECK(allocator_config::parse("").max_split_size == std::numeric_limits<std::size_t>::max());
+
+  const std::pair<const char*, const char*> bad[] = {
+      {"max_split_size_mb:0", "max_split_size_mb"},
+      {"max_split_size_mb:-5", "max_split_size_mb"},
+      {"max_split_size_mb:12abc", "12abc"},
+      {"roundup_power2_divisions:3", "power of two"},
+      {"roundup_power2_divisions:128", "roundup_power2_divisions"},
+      {"garbage_collection_threshold:1.5", "(0, 1)"},
+      {"per_process_memory_fraction:0", "(0, 1]"},
+      {"per_process_memory_fraction:nan", "per_process_memory_fraction"},
+      {"trace_capacity:many", "trace_capacity"},
+      {"expandable_segments:true", "unknown key 'expandable_segments'"},
+      {"max_split_size_mb", "not key:value"},
+  };
+  for (const auto& [text, expect] : bad) {
+    CAPTURE(text);
+    try {
+      (void)allocator_config::parse(text);
+      FAIL("accepted");
+    } catch (const depot::invalid_argument& e) {
+      CHECK(contains(e.what(), expect));
+    }
+  }
+  ::setenv("DEPOT_ALLOC_CONF", "max_split_size_mb:64", 1);
+  CHECK(allocator_config::from_environment().max_split_size == 64 * MiB);
+  ::setenv("DEPOT_ALLOC_CONF", "max_split_size_mb:zero", 1);
+  CHECK_THROWS_AS((void)depot::caching_allocator<depot::host>{}, depot::invalid_argument);
+  ::unsetenv("DEPOT_ALLOC_CONF");
+}
+
+TEST_CASE_TEMPLATE("pool: max_split_size and roundup settings shape the blocks", D,
+                   DEPOT_TEST_DEVICES)
+{
+  depot::allocator_config cfg;
+  cfg.max_split_size = 64 * MiB;
+  cfg.roundup_power2_divisions = 4;
+  depot::caching_allocator<D> a{0, cfg};
+  void* big = a.allocate(100 * MiB);
+  a.deallocate(big);
+  // A small-ish large request must not be cut out of the unsplittable 100 MiB block.
+  void* p = a.allocate(5 * MiB);
+  CHECK(p != big);
+  a.deallocate(p);
+  // 1.1 MiB rounds up to 1.25 MiB with 4 divisions of [1, 2) MiB.
+  void* q = a.allocate(MiB + MiB / 10);
+  const auto snap = a.snapshot();
+  bool found = false;
+  for (const auto& s : snap.segments) {
+    for (const auto& b : s.blocks) {
+      if (b.address == reinterpret_cast<std::uintptr_t>(q)) {
+        found = true;
+        CHECK(b.size == MiB + MiB / 4);
+      }
+    }
+  }
+  CHECK(found);
+  a.deallocate(q);
+  check_invariants(a);
+}
