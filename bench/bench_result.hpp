@@ -17,6 +17,13 @@ struct options {
   std::size_t bytes = std::size_t{256} << 20;
   int repetitions = 10;
   int warmup = 2;
+  // alloc suite
+  std::vector<std::size_t> alloc_counts{10000, 100000};
+  std::vector<std::size_t> alloc_max_sizes{std::size_t{4} << 10, std::size_t{64} << 10,
+                                           std::size_t{1} << 20, std::size_t{64} << 20};
+  std::size_t live_cap = std::size_t{1} << 30;
+  int threads = 1;
+  unsigned seed = 1;
 };
 
 // Median of a sample of times, in the sample's unit. The sample must not be empty.
@@ -31,5 +38,6 @@ inline double median(std::vector<double> samples)
 using suite_fn = nlohmann::json (*)(const options&);
 
 nlohmann::json run_info(const options& opts);
+nlohmann::json run_alloc(const options& opts);
 
 }  // namespace depot::bench

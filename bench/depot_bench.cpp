@@ -31,6 +31,8 @@ struct suite {
 constexpr std::array suites{
     suite{"info", "devices, properties, and the HAL's memset/memcpy bandwidth", true,
           &depot::bench::run_info},
+    suite{"alloc", "random_allocations: depot's pool against raw, stream-ordered and torch allocators",
+          true, &depot::bench::run_alloc},
 };
 
 std::string utc_now()
@@ -71,6 +73,21 @@ int main(int argc, char** argv)
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   app.add_option("--json", json_path, "also write the results to this JSON file");
+  app.add_option("--alloc-n", opts.alloc_counts, "alloc: allocations per run (list)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10000000}))
+      ->capture_default_str();
+  app.add_option("--alloc-max", opts.alloc_max_sizes, "alloc: largest request size (list; KiB, MiB suffixes)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 36))
+      ->capture_default_str();
+  app.add_option("--live-cap", opts.live_cap, "alloc: cap on live bytes")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(std::size_t{1} << 20, std::size_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--threads", opts.threads, "alloc: threads, each on its own stream")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--seed", opts.seed, "alloc: random seed")->capture_default_str();
 
   std::vector<const suite*> chosen;
   app.fallthrough();  // before the subcommands, which copy it: options go before or after them
@@ -92,7 +109,9 @@ int main(int argc, char** argv)
                          {{"device", opts.device},
                           {"bytes", opts.bytes},
                           {"repetitions", opts.repetitions},
-                          {"warmup", opts.warmup}}},
+                          {"warmup", opts.warmup},
+                          {"threads", opts.threads},
+                          {"seed", opts.seed}}},
                         {"suites", nlohmann::json::array()}};
   try {
     for (const suite* s : chosen) report["suites"].push_back(s->run(opts));

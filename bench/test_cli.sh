@@ -9,18 +9,21 @@ trap 'rm -rf "$tmp"' EXIT
 fail=0
 check() { if "$@"; then :; else echo "FAILED: $*"; fail=1; fi; }
 
-"$bench" --size 4MiB --repetitions 3 --json "$tmp/r.json" > "$tmp/out" 2>&1
+"$bench" --size 4MiB --repetitions 3 --alloc-n 2000 --alloc-max 64KiB --alloc-max 4MiB \
+  --json "$tmp/r.json" > "$tmp/out" 2>&1
 check test $? -eq 0
 check grep -q "host:0" "$tmp/out"
 check grep -q "copy device->device" "$tmp/out"
 check python3 -c "import json,sys; r=json.load(open('$tmp/r.json')); s=r['suites'][0]; \
 assert s['suite']=='info'; d=s['devices'][0]; assert d['id']=='host:0'; \
-assert all(x['gbps']>0 for x in d['results']), d" 
+assert all(x['gbps']>0 for x in d['results']), d; a=r['suites'][1]; assert a['suite']=='alloc'; \
+rows=a['rows']; assert len(rows)==4, rows; assert {x['allocator'] for x in rows}=={'depot','malloc'}; \
+assert all(x['us_per_pair']>0 for x in rows), rows"
 
 "$bench" info --device host --size 1MiB --repetitions 2 > "$tmp/out" 2>&1
 check test $? -eq 0
 
-for bad in "--device tpu" "--size 0" "--repetitions 0" "--size lots" "nosuchsuite"; do
+for bad in "--device tpu" "--size 0" "--repetitions 0" "--size lots" "nosuchsuite" "--threads 0" "--alloc-n 0"; do
   # shellcheck disable=SC2086
   if "$bench" $bad > "$tmp/err" 2>&1; then
     echo "FAILED: depot-bench $bad was accepted"; fail=1

@@ -177,6 +177,76 @@ class free_index {
   std::size_t bytes_ = 0;
 };
 
+// Live blocks by address: open addressing with linear probing and backward-shift
+// deletion, so inserting and erasing never allocate (unlike node-based maps).
+class pointer_table {
+ public:
+  void insert(std::uintptr_t key, block* value)
+  {
+    if ((count_ + 1) * 2 > slots_.size()) grow();
+    std::size_t i = home(key);
+    while (slots_[i].key != 0) i = (i + 1) & mask_;
+    slots_[i] = {key, value};
+    ++count_;
+  }
+
+  [[nodiscard]] block* find(std::uintptr_t key) const noexcept
+  {
+    if (count_ == 0) return nullptr;
+    for (std::size_t i = home(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) return slots_[i].value;
+      if (slots_[i].key == 0) return nullptr;
+    }
+  }
+
+  block* erase(std::uintptr_t key) noexcept
+  {
+    if (count_ == 0) return nullptr;
+    std::size_t i = home(key);
+    while (slots_[i].key != key) {
+      if (slots_[i].key == 0) return nullptr;
+      i = (i + 1) & mask_;
+    }
+    block* found = slots_[i].value;
+    // Shift later members of the probe run back so lookups never meet a hole.
+    for (std::size_t j = (i + 1) & mask_; slots_[j].key != 0; j = (j + 1) & mask_) {
+      const std::size_t h = home(slots_[j].key);
+      const bool movable = i <= j ? (h <= i || h > j) : (h <= i && h > j);
+      if (movable) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = {};
+    --count_;
+    return found;
+  }
+
+ private:
+  struct slot {
+    std::uintptr_t key = 0;
+    block* value = nullptr;
+  };
+  [[nodiscard]] std::size_t home(std::uintptr_t key) const noexcept
+  {
+    return static_cast<std::size_t>(((key >> 9) * 0x9E3779B97F4A7C15ULL) >> 20) & mask_;
+  }
+  void grow()
+  {
+    std::vector<slot> old = std::move(slots_);
+    slots_.assign(old.empty() ? 256 : old.size() * 2, slot{});
+    mask_ = slots_.size() - 1;
+    count_ = 0;
+    for (const slot& s : old) {
+      if (s.key != 0) insert(s.key, s.value);
+    }
+  }
+
+  std::vector<slot> slots_;
+  std::size_t mask_ = 0;
+  std::size_t count_ = 0;
+};
+
 struct stream_cache {
   explicit stream_cache(native_stream s) : stream{s} {}
   native_stream stream;
@@ -300,7 +370,7 @@ struct allocator_core::impl {
 
   struct alignas(64) shard {
     std::mutex mu;
-    std::unordered_map<std::uintptr_t, block*> live;
+    pointer_table live;
   };
   static constexpr std::size_t n_shards = 64;
   std::array<shard, n_shards> shards;
@@ -725,14 +795,12 @@ struct allocator_core::impl {
     const auto p = reinterpret_cast<std::uintptr_t>(ptr);
     shard& sh = shard_of(p);
     std::lock_guard g{sh.mu};
-    auto it = sh.live.find(p);
-    if (it == sh.live.end()) {
+    block* b = erase ? sh.live.erase(p) : sh.live.find(p);
+    if (b == nullptr) {
       throw invalid_argument("depot: " + dev.to_string() + " caching allocator: pointer " + hex(p) +
                              " is not a live allocation of this allocator (a double free, or "
                              "memory from elsewhere); nothing was changed");
     }
-    block* b = it->second;
-    if (erase) sh.live.erase(it);
     return b;
   }
 
@@ -822,7 +890,7 @@ void* allocator_core::allocate(std::size_t bytes, native_stream stream)
   {
     auto& sh = m.shard_of(b->addr);
     std::lock_guard g{sh.mu};
-    sh.live.emplace(b->addr, b);
+    sh.live.insert(b->addr, b);
   }
   if (m.tracing.load(std::memory_order_relaxed)) {
     trace_event e = m.event_of(trace_kind::allocate, b, stream);
@@ -843,7 +911,7 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
     {
       auto& sh = m.shard_of(b->addr);
       std::lock_guard g{sh.mu};
-      sh.live.emplace(b->addr, b);
+      sh.live.insert(b->addr, b);
     }
     throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: deallocate(" +
                            hex(b->addr) + ", " + std::to_string(expected_bytes) +

@@ -410,3 +410,25 @@ TEST_CASE("hal: enabled backends match the configuration")
   CHECK(depot::cuda::name == "cuda");
   CHECK(depot::to_string(depot::hip::kind) == "hip");
 }
+
+TEST_CASE_TEMPLATE("hal: the backend's stream-ordered allocator", D, DEPOT_TEST_DEVICES)
+{
+  using rt = depot::runtime<D>;
+  depot::stream<D> s;
+  rt::set_async_release_threshold(0, std::size_t{1} << 30);
+  CHECK(rt::allocate_async(0, 0, s.native()) == nullptr);
+  const std::size_t n = 3 << 20;
+  void* p = rt::allocate_async(n, 0, s.native());
+  REQUIRE(p != nullptr);
+  rt::set_async(p, 0x6B, n, s.native());
+  std::vector<std::byte> back(n);
+  rt::copy_async(back.data(), p, n, s.native());
+  rt::deallocate_async(p, 0, s.native());
+  s.synchronize();
+  CHECK(back.front() == std::byte{0x6B});
+  CHECK(back.back() == std::byte{0x6B});
+  rt::deallocate_async(nullptr, 0, s.native());
+  CHECK_THROWS_AS(rt::set_async_release_threshold(-1, 0), depot::invalid_argument);
+  CHECK_THROWS_AS((void)rt::allocate_async(64, rt::device_count(), s.native()),
+                  depot::invalid_argument);
+}

@@ -31,6 +31,14 @@
   static error_t mem_get_info(std::size_t* f, std::size_t* t) { return P##MemGetInfo(f, t); }     \
   static error_t malloc(void** p, std::size_t n) { return P##Malloc(p, n); }                      \
   static error_t free(void* p) { return P##Free(p); }                                             \
+  static error_t malloc_async(void** p, std::size_t n, stream_t s) { return P##MallocAsync(p, n, s); } \
+  static error_t free_async(void* p, stream_t s) { return P##FreeAsync(p, s); }                   \
+  static error_t set_release_threshold(int d, unsigned long long bytes)                           \
+  {                                                                                               \
+    P##MemPool_t pool{};                                                                          \
+    if (auto e = P##DeviceGetDefaultMemPool(&pool, d); e != P##Success) return e;                 \
+    return P##MemPoolSetAttribute(pool, P##MemPoolAttrReleaseThreshold, &bytes);                  \
+  }                                                                                               \
   static error_t memcpy(void* d, const void* s, std::size_t n)                                    \
   {                                                                                               \
     return P##Memcpy(d, s, n, P##MemcpyDefault);                                                  \

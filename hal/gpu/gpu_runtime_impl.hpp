@@ -198,6 +198,41 @@ void gpu_runtime<Api>::deallocate(void* ptr, int device) noexcept
 }
 
 template <class Api>
+void* gpu_runtime<Api>::allocate_async(std::size_t bytes, int device, native_stream stream)
+{
+  check_device(device);
+  if (bytes == 0) return nullptr;
+  detail::scoped_device<Api> on{device};
+  void* ptr = nullptr;
+  const auto status = Api::malloc_async(&ptr, bytes, detail::to_native<Api>(stream));
+  if (status == Api::memory_allocation) {
+    (void)Api::get_last_error();
+    const device_id id{Api::kind, device};
+    throw out_of_memory("depot: " + id.to_string() + " stream-ordered allocation of " +
+                            format_bytes(bytes) + " (" + std::to_string(bytes) + " bytes) failed",
+                        bytes, id);
+  }
+  DEPOT_GPU_TRY(status);
+  return ptr;
+}
+
+template <class Api>
+void gpu_runtime<Api>::deallocate_async(void* ptr, int device, native_stream stream) noexcept
+{
+  // As deallocate: a release has no one to report a failure to.
+  (void)device;
+  if (ptr != nullptr && Api::free_async(ptr, detail::to_native<Api>(stream)) != Api::success)
+    (void)Api::get_last_error();
+}
+
+template <class Api>
+void gpu_runtime<Api>::set_async_release_threshold(int device, std::size_t bytes)
+{
+  check_device(device);
+  DEPOT_GPU_TRY(Api::set_release_threshold(device, static_cast<unsigned long long>(bytes)));
+}
+
+template <class Api>
 void* gpu_runtime<Api>::allocate_pinned(std::size_t bytes)
 {
   if (bytes == 0) return nullptr;

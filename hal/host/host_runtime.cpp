@@ -117,6 +117,18 @@ void* host_runtime::allocate(std::size_t bytes, int device)
 
 void host_runtime::deallocate(void* ptr, int /*device*/) noexcept { std::free(ptr); }
 
+void* host_runtime::allocate_async(std::size_t bytes, int device, native_stream)
+{
+  return allocate(bytes, device);
+}
+
+void host_runtime::deallocate_async(void* ptr, int device, native_stream) noexcept
+{
+  deallocate(ptr, device);
+}
+
+void host_runtime::set_async_release_threshold(int device, std::size_t) { check_device(device); }
+
 void* host_runtime::allocate_pinned(std::size_t bytes)
 {
   return bytes == 0 ? nullptr : aligned_or_throw(bytes, "pinned allocation");

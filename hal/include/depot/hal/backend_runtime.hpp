@@ -14,7 +14,9 @@ namespace depot::hal {
 // The operations every backend provides, as static functions of one class. All are
 // thread-safe. Device indices are checked (depot::invalid_argument); failures throw
 // depot::error, failed allocations depot::out_of_memory; destroy/free functions are
-// noexcept. Asynchronous functions are ordered on the stream they take.
+// noexcept. Asynchronous functions are ordered on the stream they take. allocate_async is
+// the backend's own stream-ordered allocator (cudaMallocAsync / hipMallocAsync; the heap on
+// the host), kept as the baseline the caching allocator is measured against.
 template <class R>
 concept backend_runtime = requires(void* p, const void* cp, std::size_t n, int d, native_stream s,
                                    native_event e, bool b) {
@@ -26,6 +28,9 @@ concept backend_runtime = requires(void* p, const void* cp, std::size_t n, int d
   { R::memory(d) } -> std::same_as<memory_info>;
   { R::allocate(n, d) } -> std::same_as<void*>;
   { R::deallocate(p, d) } noexcept -> std::same_as<void>;
+  { R::allocate_async(n, d, s) } -> std::same_as<void*>;
+  { R::deallocate_async(p, d, s) } noexcept -> std::same_as<void>;
+  { R::set_async_release_threshold(d, n) } -> std::same_as<void>;
   { R::allocate_pinned(n) } -> std::same_as<void*>;
   { R::deallocate_pinned(p) } noexcept -> std::same_as<void>;
   { R::copy(p, cp, n) } -> std::same_as<void>;

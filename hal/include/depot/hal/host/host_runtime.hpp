@@ -28,6 +28,9 @@ class host_runtime {
 
   static void* allocate(std::size_t bytes, int device);
   static void deallocate(void* ptr, int device) noexcept;
+  static void* allocate_async(std::size_t bytes, int device, native_stream stream);
+  static void deallocate_async(void* ptr, int device, native_stream stream) noexcept;
+  static void set_async_release_threshold(int device, std::size_t bytes);
   static void* allocate_pinned(std::size_t bytes);
   static void deallocate_pinned(void* ptr) noexcept;
 

@@ -1,0 +1,181 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+// `depot-bench alloc`: RMM's random_allocations workload against depot's caching allocator,
+// the backend's raw allocation, the backend's stream-ordered allocator (cudaMallocAsync /
+// hipMallocAsync, release threshold = the live-byte cap) and, where built in, PyTorch's
+// CUDACachingAllocator. Per (N, max size): 2N operations; allocate (73 %) while fewer than N
+// were made and the live bytes stay under the cap, otherwise free a random live block;
+// sizes uniform in [1, max]; seeded std::default_random_engine. Wall time of the whole
+// sequence over N = time per allocate+free pair; the second (warm) repetition is reported.
+#include "bench_result.hpp"
+
+#include <depot/config.hpp>
+#include <depot/hal/runtime.hpp>
+#include <depot/hal/stream.hpp>
+#include <depot/pool/caching_allocator.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace depot::bench {
+
+#if DEPOT_BENCH_TORCH
+// bench/torch_allocator.cpp (built when libtorch is found): c10's CUDA caching allocator.
+void* torch_allocate(std::size_t bytes, void* stream);
+void torch_deallocate(void* ptr);
+void torch_empty_cache();
+#endif
+
+namespace {
+
+struct allocator_under_test {
+  std::string name;
+  std::function<void*(std::size_t, native_stream)> allocate;
+  std::function<void(void*, native_stream)> deallocate;
+  std::function<void()> reset;  // between configurations (release cached memory)
+};
+
+// One run of the workload; returns seconds.
+double run_workload(const allocator_under_test& a, std::size_t n, std::size_t max_size,
+                    std::size_t cap, unsigned seed, native_stream stream)
+{
+  std::default_random_engine rng{seed};
+  std::uniform_int_distribution<std::size_t> size_dist{1, max_size};
+  std::uniform_int_distribution<int> percent{0, 99};
+  std::vector<std::pair<void*, std::size_t>> live;
+  live.reserve(n);
+  std::size_t made = 0;
+  std::size_t live_bytes = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (made < n || !live.empty()) {
+    const std::size_t size = size_dist(rng);
+    const bool want_alloc = made < n && (live.empty() || percent(rng) < 73);
+    if (want_alloc && live_bytes + size <= cap) {
+      live.emplace_back(a.allocate(size, stream), size);
+      live_bytes += size;
+      ++made;
+    } else if (!live.empty()) {
+      const std::size_t k = std::uniform_int_distribution<std::size_t>{0, live.size() - 1}(rng);
+      a.deallocate(live[k].first, stream);
+      live_bytes -= live[k].second;
+      live[k] = live.back();
+      live.pop_back();
+    } else {
+      ++made;  // a single request above the cap: skip it
+    }
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <device D>
+std::vector<allocator_under_test> allocators_for(int device, std::size_t cap,
+                                                 std::unique_ptr<caching_allocator<D>>& depot_pool)
+{
+  std::vector<allocator_under_test> out;
+  out.push_back({"depot",
+                 [&depot_pool](std::size_t n, native_stream s) {
+                   return depot_pool->allocate(n, stream_ref<D>{s});
+                 },
+                 [&depot_pool](void* p, native_stream s) { depot_pool->deallocate(p, stream_ref<D>{s}); },
+                 [&depot_pool, device] {
+                   depot_pool = std::make_unique<caching_allocator<D>>(device, allocator_config{});
+                 }});
+  out.push_back({is_gpu_v<D> ? std::string{D::name} + "Malloc" : std::string{"malloc"},
+                 [device](std::size_t n, native_stream) { return runtime<D>::allocate(n, device); },
+                 [device](void* p, native_stream) { runtime<D>::deallocate(p, device); },
+                 [] {}});
+  if constexpr (is_gpu_v<D>) {
+    out.push_back({std::string{D::name} + "MallocAsync",
+                   [device](std::size_t n, native_stream s) {
+                     return runtime<D>::allocate_async(n, device, s);
+                   },
+                   [device](void* p, native_stream s) { runtime<D>::deallocate_async(p, device, s); },
+                   [device, cap] { runtime<D>::set_async_release_threshold(device, cap); }});
+  }
+#if DEPOT_BENCH_TORCH && DEPOT_HAS_CUDA
+  if constexpr (std::is_same_v<D, cuda>) {
+    out.push_back({"torch",
+                   [](std::size_t n, native_stream s) { return torch_allocate(n, s); },
+                   [](void* p, native_stream) { torch_deallocate(p); },
+                   [] { torch_empty_cache(); }});
+  }
+#endif
+  return out;
+}
+
+template <device D>
+void alloc_device(const options& opts, int device, nlohmann::json& rows)
+{
+  const std::size_t cap = opts.live_cap;
+  std::printf("\n%s:%d  random_allocations, seed %u, live bytes capped at %s, %d thread(s); "
+              "us per allocate+free pair (warm run), ratio = allocator / depot\n",
+              std::string{D::name}.c_str(), device, opts.seed, std::to_string(cap >> 20).append(" MiB").c_str(),
+              opts.threads);
+  std::printf("  %8s %9s", "N", "max");
+  std::unique_ptr<caching_allocator<D>> depot_pool;
+  auto allocators = allocators_for<D>(device, cap, depot_pool);
+  for (const auto& a : allocators) std::printf(" %14s %7s", a.name.c_str(), "ratio");
+  std::printf("\n");
+  for (std::size_t n : opts.alloc_counts) {
+    for (std::size_t max_size : opts.alloc_max_sizes) {
+      std::printf("  %8zu %9s", n, (std::to_string(max_size >> 10) + " KiB").c_str());
+      double depot_us = 0;
+      for (const auto& a : allocators) {
+        a.reset();
+        double seconds = 0;
+        for (int rep = 0; rep < 2; ++rep) {  // the first run warms the cache
+          std::vector<std::thread> threads;
+          std::vector<double> per_thread(static_cast<std::size_t>(opts.threads));
+          const auto t0 = std::chrono::steady_clock::now();
+          for (int t = 0; t < opts.threads; ++t) {
+            threads.emplace_back([&, t] {
+              stream<D> s{device};
+              per_thread[static_cast<std::size_t>(t)] = run_workload(
+                  a, n / static_cast<std::size_t>(opts.threads), max_size,
+                  cap / static_cast<std::size_t>(opts.threads), opts.seed + static_cast<unsigned>(t), s.native());
+              s.synchronize();
+            });
+          }
+          for (auto& th : threads) th.join();
+          seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        const double us = seconds * 1e6 / static_cast<double>(n);
+        if (a.name == "depot") depot_us = us;
+        std::printf(" %14.3f %7.2f", us, us / depot_us);
+        std::fflush(stdout);
+        rows.push_back({{"device", std::string{D::name} + ":" + std::to_string(device)},
+                        {"allocator", a.name},
+                        {"n", n},
+                        {"max_size", max_size},
+                        {"threads", opts.threads},
+                        {"us_per_pair", us},
+                        {"ratio_to_depot", us / depot_us}});
+      }
+      std::printf("\n");
+    }
+  }
+  depot_pool.reset();
+}
+
+}  // namespace
+
+nlohmann::json run_alloc(const options& opts)
+{
+  nlohmann::json rows = nlohmann::json::array();
+  if (opts.device == "all" || opts.device == "host") alloc_device<host>(opts, 0, rows);
+#if DEPOT_HAS_CUDA
+  if ((opts.device == "all" || opts.device == "cuda") && device_count<cuda>() > 0) alloc_device<cuda>(opts, 0, rows);
+#endif
+#if DEPOT_HAS_HIP
+  if ((opts.device == "all" || opts.device == "hip") && device_count<hip>() > 0) alloc_device<hip>(opts, 0, rows);
+#endif
+  return nlohmann::json{{"suite", "alloc"}, {"seed", opts.seed}, {"rows", rows}};
+}
+
+}  // namespace depot::bench
