@@ -14,8 +14,8 @@
 // the owning cache's lock, so stats() and snapshot(), which take every cache lock, agree.
 // Streams: a block freed on its own stream is reusable at once on that stream; a block
 // that record_stream() marked as used by other streams waits for events on them. A whole
-// free segment of another stream can be taken over (the taker's stream waits for an event
-// recorded on the old one), so memory is not stranded when streams come and go.
+// free segment of another stream can be taken over once the device has finished its queued
+// work (the old stream may be gone), so memory is not stranded when streams come and go.
 #include <depot/hal/expects.hpp>
 #include <depot/hal/format_bytes.hpp>
 #include <depot/hal/out_of_memory.hpp>
@@ -634,7 +634,7 @@ struct allocator_core::impl {
     }
   }
 
-  // A whole free segment of another stream, moved to `c`; c's stream waits for the old one.
+  // A whole free segment of another stream, moved to `c` once the device is idle.
   // Both caches are locked with try_lock (never blocking while holding one), so this cannot
   // deadlock with lock_all(), and the segment is never in neither cache.
   block* steal(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
@@ -651,11 +651,10 @@ struct allocator_core::impl {
             (!small && oversize(b, size))) {
           continue;
         }
-        if (async) {
-          native_event e = up->record_event(other->stream);
-          up->stream_wait(c.stream, e);
-          up->destroy_event(e);
-        }
+        // The segment's last frees were ordered on the other stream, which its owner may
+        // have destroyed since (a raw handle cannot tell): order by finishing the device's
+        // work instead. This is the miss path, in place of an upstream allocation.
+        if (async) up->synchronize_device();
         unindex(*other, b);
         unlink_segment(*other, s);
         link_segment(c, s);

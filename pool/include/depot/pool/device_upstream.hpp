@@ -58,6 +58,7 @@ class device_upstream final : public upstream_resource {
     runtime<D>::wait_event(stream, event);
   }
   void destroy_event(native_event event) noexcept override { runtime<D>::destroy_event(event, device_); }
+  void synchronize_device() override { runtime<D>::synchronize(device_); }
 
  private:
   int device_;

@@ -33,6 +33,8 @@ class upstream_resource {
   // Work queued on `stream` after this waits for `event` (does not block the host).
   virtual void stream_wait(native_stream stream, native_event event) = 0;
   virtual void destroy_event(native_event event) noexcept = 0;
+  // Blocks until all work on the device is done (whatever streams it was queued on).
+  virtual void synchronize_device() = 0;
 };
 
 }  // namespace depot
