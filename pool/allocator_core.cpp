@@ -841,6 +841,19 @@ struct allocator_core::impl {
     return s;
   }
 
+  // Applies f to every statistic with every cache locked (so no operation is half-counted).
+  template <class F>
+  void each_stat(F f)
+  {
+    std::shared_lock r{registry_mu};
+    std::vector<std::unique_lock<std::mutex>> locks;
+    lock_all(locks);
+    for (auto* a : {&allocated_bytes, &requested_bytes, &reserved_bytes, &cached_bytes,
+                    &active_bytes, &inactive_split_bytes, &num_allocations, &num_segments}) {
+      a->each(f);
+    }
+  }
+
   memory_stats stats() const
   {
     std::shared_lock r{registry_mu};
@@ -1002,30 +1015,16 @@ void allocator_core::empty_cache() { impl_->flush_all(false); }
 
 void allocator_core::reset_peak_stats()
 {
-  impl& m = *impl_;
-  std::shared_lock r{m.registry_mu};
-  std::vector<std::unique_lock<std::mutex>> locks;
-  m.lock_all(locks);
-  for (auto* a : {&m.allocated_bytes, &m.requested_bytes, &m.reserved_bytes, &m.cached_bytes,
-                  &m.active_bytes, &m.inactive_split_bytes, &m.num_allocations, &m.num_segments}) {
-    a->each([](atomic_stat& s) { s.reset_peak(); });
-  }
+  impl_->each_stat([](atomic_stat& s) { s.reset_peak(); });
 }
 
 void allocator_core::reset_memory_stats()
 {
-  impl& m = *impl_;
-  std::shared_lock r{m.registry_mu};
-  std::vector<std::unique_lock<std::mutex>> locks;
-  m.lock_all(locks);
-  for (auto* a : {&m.allocated_bytes, &m.requested_bytes, &m.reserved_bytes, &m.cached_bytes,
-                  &m.active_bytes, &m.inactive_split_bytes, &m.num_allocations, &m.num_segments}) {
-    a->each([](atomic_stat& s) { s.reset_totals(); });
-  }
-  m.hits.store(0);
-  m.misses.store(0);
-  m.retries.store(0);
-  m.ooms.store(0);
+  impl_->each_stat([](atomic_stat& s) { s.reset_totals(); });
+  impl_->hits.store(0);
+  impl_->misses.store(0);
+  impl_->retries.store(0);
+  impl_->ooms.store(0);
 }
 
 void allocator_core::set_trace_capacity(std::size_t events) { impl_->set_trace_capacity(events); }
