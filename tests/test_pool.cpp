@@ -10,6 +10,7 @@
 #include <depot/hal/stream.hpp>
 #include <depot/ops/fill.hpp>
 #include <depot/pool/caching_allocator.hpp>
+#include <depot/pool/fixed_pool.hpp>
 #include <depot/pool/memory_functions.hpp>
 #include <depot/pool/pool.hpp>
 #include <depot/pool/profile_memory.hpp>
@@ -677,4 +678,101 @@ TEST_CASE_TEMPLATE("pool: max_split_size and roundup settings shape the blocks",
   CHECK(found);
   a.deallocate(q);
   check_invariants(a);
+}
+
+TEST_CASE_TEMPLATE("pool: garbage_collection_threshold releases free segments before growing", D,
+                   DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  depot::allocator_config cfg;
+  cfg.garbage_collection_threshold = 0.5;  // of the reported 100 MiB
+  depot::caching_allocator<D> a{std::make_unique<limiting_upstream<D>>(1024 * MiB, counters, 100 * MiB), cfg};
+  void* x = a.allocate(30 * MiB);
+  a.deallocate(x);
+  void* y = a.allocate(40 * MiB);  // 30 + 40 > 50: the free 30 MiB segment goes first
+  auto st = a.stats();
+  CHECK(st.reserved_bytes.all.current == static_cast<std::int64_t>(40 * MiB));
+  CHECK(st.num_alloc_retries == 0);
+  a.deallocate(y);
+  check_invariants(a);
+  // Without the setting both segments stay cached.
+  depot::caching_allocator<D> b{std::make_unique<limiting_upstream<D>>(1024 * MiB, counters, 100 * MiB),
+                                depot::allocator_config{}};
+  b.deallocate(b.allocate(30 * MiB));
+  b.deallocate(b.allocate(40 * MiB));
+  CHECK(b.stats().reserved_bytes.all.current == static_cast<std::int64_t>(70 * MiB));
+}
+
+TEST_CASE_TEMPLATE("pool: release_threshold bounds the cached memory", D, DEPOT_TEST_DEVICES)
+{
+  depot::allocator_config cfg;
+  cfg.release_threshold = 64 * MiB;
+  depot::caching_allocator<D> a{0, cfg};
+  void* x = a.allocate(30 * MiB);
+  void* y = a.allocate(40 * MiB);
+  a.deallocate(x);  // 30 MiB cached: under the threshold, kept
+  CHECK(a.stats().reserved_bytes.all.current == static_cast<std::int64_t>(70 * MiB));
+  a.deallocate(y);  // 70 MiB cached: over it, the segment just freed goes back
+  const auto st = a.stats();
+  CHECK(st.reserved_bytes.all.current == static_cast<std::int64_t>(30 * MiB));
+  CHECK(st.cached_bytes.all.current <= static_cast<std::int64_t>(64 * MiB));
+  check_invariants(a);
+  depot::allocator_config none;
+  none.release_threshold = 0;
+  depot::caching_allocator<D> b{0, none};
+  b.deallocate(b.allocate(5 * MiB));
+  CHECK(b.stats().reserved_bytes.all.current == 0);
+}
+
+TEST_CASE_TEMPLATE("pool: fixed_pool serves equal blocks and reports its use", D, DEPOT_TEST_DEVICES)
+{
+  depot::fixed_pool<D> fp{10 * 4096 + 100, 4000};
+  CHECK(fp.block_size() == 4096);  // rounded up to the 256-byte alignment
+  CHECK(fp.capacity() == 10);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 10; ++i) {
+    void* p = fp.allocate();
+    CHECK(reinterpret_cast<std::uintptr_t>(p) % 256 == 0);
+    depot::runtime<D>::set_async(p, i + 1, 4096, nullptr);
+    blocks.push_back(p);
+  }
+  depot::runtime<D>::synchronize(0);
+  CHECK(blocks[1] == static_cast<std::byte*>(blocks[0]) + 4096);  // lowest address first
+  try {
+    (void)fp.allocate();
+    FAIL("an eleventh block was handed out");
+  } catch (const depot::out_of_memory& e) {
+    CHECK(contains(e.what(), "all 10 blocks"));
+  }
+  for (int i = 0; i < 10; ++i) {
+    unsigned char probe = 0;
+    depot::runtime<D>::copy(&probe, static_cast<std::byte*>(blocks[static_cast<std::size_t>(i)]) + 4095, 1);
+    CHECK(probe == i + 1);  // blocks do not overlap
+  }
+  auto st = fp.get_stats();
+  CHECK(st.used_blocks == 10);
+  CHECK(st.hits == 10);
+  CHECK(st.misses == 1);
+  CHECK(st.hit_rate == doctest::Approx(10.0 / 11.0));
+  // Free every other block: the free space is in runs of one.
+  for (int i = 0; i < 10; i += 2) fp.deallocate(blocks[static_cast<std::size_t>(i)]);
+  st = fp.get_stats();
+  CHECK(st.free_blocks == 5);
+  CHECK(st.largest_free_run == 1);
+  CHECK(st.fragmentation == doctest::Approx(0.8));
+  // Bad frees: double free, foreign pointer, a pointer inside a block.
+  CHECK_THROWS_AS(fp.deallocate(blocks[0]), depot::invalid_argument);
+  int local = 0;
+  CHECK_THROWS_AS(fp.deallocate(&local), depot::invalid_argument);
+  CHECK_THROWS_AS(fp.deallocate(static_cast<std::byte*>(blocks[1]) + 8), depot::invalid_argument);
+  CHECK(fp.get_stats().free_blocks == 5);  // nothing changed
+  for (int i = 1; i < 10; i += 2) fp.deallocate(blocks[static_cast<std::size_t>(i)]);
+  fp.defragment();
+  CHECK(fp.allocate() == blocks[0]);
+  CHECK(fp.allocate() == blocks[1]);
+  CHECK(fp.get_stats().peak_used_blocks == 10);
+  // Bad construction.
+  CHECK_THROWS_AS((depot::fixed_pool<D>{4096, 0}), depot::invalid_argument);
+  CHECK_THROWS_AS((depot::fixed_pool<D>{100, 4096}), depot::invalid_argument);
+  CHECK_THROWS_AS((depot::fixed_pool<D>{4096, 4096, -1}), depot::invalid_argument);
 }

@@ -21,6 +21,19 @@
 #include <depot/hal/stream.hpp>
 #include <depot/hal/stream_ref.hpp>
 
+// pool/
+#include <depot/pool/allocator_config.hpp>
+#include <depot/pool/allocator_snapshot.hpp>
+#include <depot/pool/caching_allocator.hpp>
+#include <depot/pool/device_upstream.hpp>
+#include <depot/pool/fixed_pool.hpp>
+#include <depot/pool/memory_functions.hpp>
+#include <depot/pool/memory_stats.hpp>
+#include <depot/pool/pool.hpp>
+#include <depot/pool/profile_memory.hpp>
+#include <depot/pool/trace_event.hpp>
+#include <depot/pool/upstream_resource.hpp>
+
 // ops/
 #include <depot/ops/fill.hpp>
 #include <depot/ops/kokkos_runtime.hpp>
