@@ -8,8 +8,9 @@
 // large pool). A free index is a two-level segregated fit: first level = power of two of
 // the size, second level = 16 subdivisions, one bitmap per level, so finding a free block
 // that fits, inserting and removing are O(1) whatever the number of blocks.
-// Locks: each stream_cache has its own mutex (threads on different streams never meet);
-// the pointer -> block map is sharded with one mutex per shard; growth (upstream calls,
+// Locks: each stream_cache has its own mutex and its own table of the blocks it handed out,
+// so an allocation or a free on one stream takes one lock, and threads on different streams
+// never meet; a free from another stream searches the other caches. Growth (upstream calls,
 // stealing, out-of-memory handling) takes grow_mu. Statistics are atomics updated under
 // the owning cache's lock, so stats() and snapshot(), which take every cache lock, agree.
 // Streams: a block freed on its own stream is reusable at once on that stream; a block
@@ -255,63 +256,92 @@ struct stream_cache {
   segment* segments = nullptr;
   std::vector<std::pair<native_event, block*>> pending;
   std::vector<block*> spare;  // recycled block records
+  pointer_table live;         // the blocks of this cache that are handed out, by address
+  std::int64_t hits = 0;      // allocations served from this cache without growing
 };
 
-// Current / peak / allocated / freed, updated only under a cache lock.
-struct atomic_stat {
-  std::atomic<std::int64_t> current{0};
-  std::atomic<std::int64_t> peak{0};
-  std::atomic<std::int64_t> allocated{0};
-  std::atomic<std::int64_t> freed{0};
+// One quantity of the statistics, per pool, kept with as few atomic read-modify-writes as
+// exact figures allow: an increase adds to `current` and `added` and raises the peaks (a
+// load, and a compare-exchange only when a peak moves); a decrease only lowers `current`.
+// freed = added - (current - base), where base is current at the last reset of totals.
+// The "all" figures are the pools' sums, except all_peak, raised after each increase.
+// Updated under a cache lock; stats() reads under every cache lock, so figures agree.
+void raise(std::atomic<std::int64_t>& peak, std::int64_t value) noexcept
+{
+  std::int64_t p = peak.load(std::memory_order_relaxed);
+  while (value > p && !peak.compare_exchange_weak(p, value, std::memory_order_relaxed)) {
+  }
+}
 
-  void add(std::int64_t n) noexcept
+struct lean_stat {
+  struct alignas(64) pool_counter {
+    std::atomic<std::int64_t> current{0};
+    std::atomic<std::int64_t> added{0};
+    std::atomic<std::int64_t> peak{0};
+    std::int64_t base = 0;
+  };
+  std::array<pool_counter, 2> pool;  // [0] large, [1] small
+  std::atomic<std::int64_t> all_peak{0};
+
+  void add(bool is_small, std::size_t bytes) noexcept
   {
-    allocated.fetch_add(n, std::memory_order_relaxed);
-    const std::int64_t c = current.fetch_add(n, std::memory_order_relaxed) + n;
-    std::int64_t p = peak.load(std::memory_order_relaxed);
-    while (c > p && !peak.compare_exchange_weak(p, c, std::memory_order_relaxed)) {
-    }
+    const auto n = static_cast<std::int64_t>(bytes);
+    pool_counter& c = pool[is_small ? 1 : 0];
+    c.added.fetch_add(n, std::memory_order_relaxed);
+    const std::int64_t now = c.current.fetch_add(n, std::memory_order_relaxed) + n;
+    raise(c.peak, now);
+    raise(all_peak, now + pool[is_small ? 0 : 1].current.load(std::memory_order_relaxed));
   }
-  void sub(std::int64_t n) noexcept
+  void sub(bool is_small, std::size_t bytes) noexcept
   {
-    freed.fetch_add(n, std::memory_order_relaxed);
-    current.fetch_sub(n, std::memory_order_relaxed);
+    pool[is_small ? 1 : 0].current.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
   }
-  [[nodiscard]] stat load() const noexcept
+  [[nodiscard]] std::int64_t current(int p) const noexcept { return pool[static_cast<std::size_t>(p)].current.load(std::memory_order_relaxed); }
+  [[nodiscard]] stat load_pool(int p) const noexcept
   {
-    return stat{current.load(std::memory_order_relaxed), peak.load(std::memory_order_relaxed),
-                allocated.load(std::memory_order_relaxed), freed.load(std::memory_order_relaxed)};
+    const pool_counter& c = pool[static_cast<std::size_t>(p)];
+    const std::int64_t cur = c.current.load(std::memory_order_relaxed);
+    const std::int64_t added = c.added.load(std::memory_order_relaxed);
+    return stat{cur, c.peak.load(std::memory_order_relaxed), added, added - (cur - c.base)};
   }
-  void reset_peak() noexcept { peak.store(current.load(std::memory_order_relaxed)); }
+  [[nodiscard]] stat_array load() const noexcept
+  {
+    stat_array a;
+    a.large = load_pool(0);
+    a.small = load_pool(1);
+    a.all = stat{a.large.current + a.small.current, all_peak.load(std::memory_order_relaxed),
+                 a.large.allocated + a.small.allocated, a.large.freed + a.small.freed};
+    return a;
+  }
+  void reset_peak() noexcept
+  {
+    for (pool_counter& c : pool) c.peak.store(c.current.load());
+    all_peak.store(current(0) + current(1));
+  }
   void reset_totals() noexcept
   {
-    allocated.store(0);
-    freed.store(0);
+    for (pool_counter& c : pool) {
+      c.added.store(0);
+      c.base = c.current.load();
+    }
     reset_peak();
   }
 };
 
-struct atomic_stat_array {
-  atomic_stat all;
-  atomic_stat small;
-  atomic_stat large;
-  void add(bool is_small, std::size_t n) noexcept
+// cached = reserved - allocated is derived; only its peaks are kept, raised when it grows.
+struct cached_peaks {
+  std::array<std::atomic<std::int64_t>, 2> pool{};
+  std::atomic<std::int64_t> all{0};
+  void raise_from(const lean_stat& reserved, const lean_stat& allocated, bool is_small) noexcept
   {
-    all.add(static_cast<std::int64_t>(n));
-    (is_small ? small : large).add(static_cast<std::int64_t>(n));
+    const int p = is_small ? 1 : 0;
+    raise(pool[static_cast<std::size_t>(p)], reserved.current(p) - allocated.current(p));
+    raise(all, reserved.current(0) + reserved.current(1) - allocated.current(0) - allocated.current(1));
   }
-  void sub(bool is_small, std::size_t n) noexcept
+  void reset(const lean_stat& reserved, const lean_stat& allocated) noexcept
   {
-    all.sub(static_cast<std::int64_t>(n));
-    (is_small ? small : large).sub(static_cast<std::int64_t>(n));
-  }
-  [[nodiscard]] stat_array load() const noexcept { return {all.load(), small.load(), large.load()}; }
-  template <class F>
-  void each(F f) noexcept
-  {
-    f(all);
-    f(small);
-    f(large);
+    for (int p = 0; p < 2; ++p) pool[static_cast<std::size_t>(p)].store(reserved.current(p) - allocated.current(p));
+    all.store(reserved.current(0) + reserved.current(1) - allocated.current(0) - allocated.current(1));
   }
 };
 
@@ -368,18 +398,13 @@ struct allocator_core::impl {
   std::unordered_map<native_stream, stream_cache*> by_stream;
   std::vector<std::unique_ptr<stream_cache>> caches;
 
-  struct alignas(64) shard {
-    std::mutex mu;
-    pointer_table live;
-  };
-  static constexpr std::size_t n_shards = 64;
-  std::array<shard, n_shards> shards;
-
   std::mutex grow_mu;
 
-  atomic_stat_array allocated_bytes, requested_bytes, reserved_bytes, cached_bytes, active_bytes,
-      inactive_split_bytes, num_allocations, num_segments;
-  std::atomic<std::int64_t> hits{0}, misses{0}, retries{0}, ooms{0};
+  lean_stat allocated_bytes, requested_bytes, reserved_bytes, active_bytes, inactive_split_bytes,
+      num_allocations, num_segments;
+  cached_peaks cached_peak;
+  std::atomic<std::int64_t> misses{0}, retries{0}, ooms{0};
+  std::int64_t hits_base = 0;  // hits before the last reset_memory_stats (under all locks)
 
   std::atomic<bool> tracing{false};
   mutable std::mutex trace_mu;
@@ -388,8 +413,6 @@ struct allocator_core::impl {
   std::size_t ring_count = 0;
 
   // ---- helpers ---------------------------------------------------------------------------
-
-  shard& shard_of(std::uintptr_t p) noexcept { return shards[(p >> 9) * 0x9E3779B97F4A7C15ULL >> 58]; }
 
   std::size_t round_size(std::size_t n) const noexcept
   {
@@ -515,12 +538,12 @@ struct allocator_core::impl {
     const bool small = b->seg->small;
     b->state = block_state::allocated;
     b->requested = bytes;
-    b->t_alloc = now_ns();
+    b->t_alloc = tracing.load(std::memory_order_relaxed) ? now_ns() : 0;
     allocated_bytes.add(small, b->size);
     requested_bytes.add(small, bytes);
     active_bytes.add(small, b->size);
-    cached_bytes.sub(small, b->size);
     num_allocations.add(small, 1);
+    c.live.insert(b->addr, b);
   }
 
   block* take_free(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
@@ -556,7 +579,9 @@ struct allocator_core::impl {
     }
     index(c, b);
     if (b->whole() && cfg.release_threshold != k_unlimited &&
-        static_cast<std::size_t>(cached_bytes.all.current.load()) > cfg.release_threshold) {
+        static_cast<std::size_t>(reserved_bytes.current(0) + reserved_bytes.current(1) -
+                                 allocated_bytes.current(0) - allocated_bytes.current(1)) >
+            cfg.release_threshold) {
       release_segment(c, b->seg);
     }
   }
@@ -588,7 +613,6 @@ struct allocator_core::impl {
     unindex(c, b);
     unlink_segment(c, s);
     reserved_bytes.sub(s->small, s->size);
-    cached_bytes.sub(s->small, s->size);
     num_segments.sub(s->small, 1);
     trace_event e = event_of(trace_kind::segment_free, b, c.stream);
     e.size = s->size;
@@ -719,7 +743,7 @@ struct allocator_core::impl {
   // Upstream memory for a new segment, or nullptr when the limit or the upstream refuses.
   void* grow(std::size_t seg_bytes)
   {
-    const auto reserved = static_cast<std::size_t>(reserved_bytes.all.current.load());
+    const auto reserved = static_cast<std::size_t>(reserved_bytes.current(0) + reserved_bytes.current(1));
     if (limit != k_unlimited && reserved + seg_bytes > limit) return nullptr;
     try {
       return up->allocate(seg_bytes);
@@ -741,7 +765,8 @@ struct allocator_core::impl {
     std::size_t seg_bytes = segment_size(size, small);
     if (cfg.garbage_collection_threshold > 0.0) {
       const double cap = static_cast<double>(limit != k_unlimited ? limit : up->memory().total_bytes);
-      if (static_cast<double>(reserved_bytes.all.current.load() + static_cast<std::int64_t>(seg_bytes)) >
+      if (static_cast<double>(reserved_bytes.current(0) + reserved_bytes.current(1) +
+                              static_cast<std::int64_t>(seg_bytes)) >
           cfg.garbage_collection_threshold * cap) {
         flush_all(false);
       }
@@ -763,7 +788,8 @@ struct allocator_core::impl {
     }
     if (p == nullptr) {
       const bool capped = limit != k_unlimited &&
-                          static_cast<std::size_t>(reserved_bytes.all.current.load()) + seg_bytes > limit;
+                          static_cast<std::size_t>(reserved_bytes.current(0) + reserved_bytes.current(1)) +
+                                  seg_bytes > limit;
       throw_oom(bytes, size, s,
                 capped ? "the per-process limit is reached"
                        : "the upstream allocation of " + format_bytes(seg_bytes) +
@@ -781,26 +807,49 @@ struct allocator_core::impl {
     seg->head = b;
     link_segment(c, seg);
     reserved_bytes.add(small, seg_bytes);
-    cached_bytes.add(small, seg_bytes);
     num_segments.add(small, 1);
+    cached_peak.raise_from(reserved_bytes, allocated_bytes, small);
     trace_event e = event_of(trace_kind::segment_allocate, b, c.stream);
     record(e);
     hand_out(c, b, size, bytes);
     return b;
   }
 
-  block* lookup(void* ptr, bool erase)
+  // Finds a live block and locks the cache that holds it: first the cache of `hint` (the
+  // stream named by the caller, or the calling thread's last one), then every other cache.
+  // Throws depot::invalid_argument, changing nothing, when no cache holds it.
+  std::pair<block*, std::unique_lock<std::mutex>> lookup(void* ptr, stream_cache* hint, bool erase)
   {
     const auto p = reinterpret_cast<std::uintptr_t>(ptr);
-    shard& sh = shard_of(p);
-    std::lock_guard g{sh.mu};
-    block* b = erase ? sh.live.erase(p) : sh.live.find(p);
-    if (b == nullptr) {
-      throw invalid_argument("depot: " + dev.to_string() + " caching allocator: pointer " + hex(p) +
-                             " is not a live allocation of this allocator (a double free, or "
-                             "memory from elsewhere); nothing was changed");
+    auto try_cache = [&](stream_cache& c) -> std::pair<block*, std::unique_lock<std::mutex>> {
+      std::unique_lock g{c.mu};
+      block* b = erase ? c.live.erase(p) : c.live.find(p);
+      if (b == nullptr) return {nullptr, std::unique_lock<std::mutex>{}};
+      return {b, std::move(g)};
+    };
+    if (hint != nullptr) {
+      if (auto found = try_cache(*hint); found.first != nullptr) return found;
     }
-    return b;
+    std::vector<stream_cache*> all;
+    {
+      std::shared_lock r{registry_mu};
+      all.reserve(caches.size());
+      for (auto& c : caches) all.push_back(c.get());
+    }
+    for (stream_cache* c : all) {
+      if (c == hint) continue;
+      if (auto found = try_cache(*c); found.first != nullptr) return found;
+    }
+    throw invalid_argument("depot: " + dev.to_string() + " caching allocator: pointer " + hex(p) +
+                           " is not a live allocation of this allocator (a double free, or "
+                           "memory from elsewhere); nothing was changed");
+  }
+
+  stream_cache* hint_for(native_stream s, bool stream_given)
+  {
+    if (stream_given) return &cache_for(s);
+    const thread_cache_entry& t = tl_cache;
+    return t.owner == id ? t.cache : nullptr;
   }
 
   void lock_all(std::vector<std::unique_lock<std::mutex>>& locks) const
@@ -815,12 +864,24 @@ struct allocator_core::impl {
     s.allocated_bytes = allocated_bytes.load();
     s.requested_bytes = requested_bytes.load();
     s.reserved_bytes = reserved_bytes.load();
-    s.cached_bytes = cached_bytes.load();
+    for (auto [dst, p] : {std::pair{&s.cached_bytes.large, 0}, std::pair{&s.cached_bytes.small, 1}}) {
+      const stat& r = p == 0 ? s.reserved_bytes.large : s.reserved_bytes.small;
+      const stat& a = p == 0 ? s.allocated_bytes.large : s.allocated_bytes.small;
+      // Bytes enter the cache when blocks are freed or segments added, leave when blocks
+      // are handed out or segments released.
+      *dst = stat{r.current - a.current, cached_peak.pool[static_cast<std::size_t>(p)].load(),
+                  a.freed + r.allocated, a.allocated + r.freed};
+    }
+    s.cached_bytes.all = stat{s.cached_bytes.large.current + s.cached_bytes.small.current,
+                              cached_peak.all.load(),
+                              s.cached_bytes.large.allocated + s.cached_bytes.small.allocated,
+                              s.cached_bytes.large.freed + s.cached_bytes.small.freed};
     s.active_bytes = active_bytes.load();
     s.inactive_split_bytes = inactive_split_bytes.load();
     s.num_allocations = num_allocations.load();
     s.num_segments = num_segments.load();
-    s.num_cache_hits = hits.load();
+    s.num_cache_hits = -hits_base;
+    for (const auto& c : caches) s.num_cache_hits += c->hits;
     s.num_cache_misses = misses.load();
     const auto calls = s.num_cache_hits + s.num_cache_misses;
     s.cache_hit_rate = calls > 0 ? static_cast<double>(s.num_cache_hits) / static_cast<double>(calls) : 0.0;
@@ -843,15 +904,20 @@ struct allocator_core::impl {
 
   // Applies f to every statistic with every cache locked (so no operation is half-counted).
   template <class F>
-  void each_stat(F f)
+  void each_stat(F f, bool restart_hits = false)
   {
     std::shared_lock r{registry_mu};
     std::vector<std::unique_lock<std::mutex>> locks;
     lock_all(locks);
-    for (auto* a : {&allocated_bytes, &requested_bytes, &reserved_bytes, &cached_bytes,
-                    &active_bytes, &inactive_split_bytes, &num_allocations, &num_segments}) {
-      a->each(f);
+    if (restart_hits) {
+      hits_base = 0;
+      for (auto& c : caches) hits_base += c->hits;
     }
+    for (auto* a : {&allocated_bytes, &requested_bytes, &reserved_bytes, &active_bytes,
+                    &inactive_split_bytes, &num_allocations, &num_segments}) {
+      f(*a);
+    }
+    cached_peak.reset(reserved_bytes, allocated_bytes);
   }
 
   memory_stats stats() const
@@ -891,18 +957,12 @@ void* allocator_core::allocate(std::size_t bytes, native_stream stream)
     std::lock_guard g{c.mu};
     if (!c.pending.empty()) m.process_events(c, false);
     b = m.take_free(c, size, small, bytes);
+    if (b != nullptr) ++c.hits;
   }
   const bool hit = b != nullptr;
-  if (hit) {
-    m.hits.fetch_add(1, std::memory_order_relaxed);
-  } else {
+  if (!hit) {
     m.misses.fetch_add(1, std::memory_order_relaxed);
     b = m.allocate_miss(c, size, small, bytes, stream);
-  }
-  {
-    auto& sh = m.shard_of(b->addr);
-    std::lock_guard g{sh.mu};
-    sh.live.insert(b->addr, b);
   }
   if (m.tracing.load(std::memory_order_relaxed)) {
     trace_event e = m.event_of(trace_kind::allocate, b, stream);
@@ -917,29 +977,23 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
 {
   impl& m = *impl_;
   if (ptr == nullptr) return;
-  block* b = m.lookup(ptr, true);
+  auto [b, lock] = m.lookup(ptr, m.hint_for(stream, stream_given), true);
+  stream_cache& c = *b->seg->cache;
   if (expected_bytes != 0 && expected_bytes != b->requested) {
-    const std::size_t actual = b->requested;
-    {
-      auto& sh = m.shard_of(b->addr);
-      std::lock_guard g{sh.mu};
-      sh.live.insert(b->addr, b);
-    }
+    c.live.insert(b->addr, b);
     throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: deallocate(" +
                            hex(b->addr) + ", " + std::to_string(expected_bytes) +
-                           " bytes): the allocation was " + std::to_string(actual) +
+                           " bytes): the allocation was " + std::to_string(b->requested) +
                            " bytes; nothing was changed");
   }
-  stream_cache& c = *b->seg->cache;
-  std::lock_guard g{c.mu};
   const bool small = b->seg->small;
   m.allocated_bytes.sub(small, b->size);
   m.requested_bytes.sub(small, b->requested);
-  m.cached_bytes.add(small, b->size);
   m.num_allocations.sub(small, 1);
+  m.cached_peak.raise_from(m.reserved_bytes, m.allocated_bytes, small);
   if (m.tracing.load(std::memory_order_relaxed)) {
     trace_event e = m.event_of(trace_kind::free, b, c.stream);
-    e.lifetime_ns = e.time_ns - b->t_alloc;
+    e.lifetime_ns = b->t_alloc != 0 ? e.time_ns - b->t_alloc : 0;  // 0: allocated before tracing
     m.record(e);
   }
   if (stream_given && stream != c.stream &&
@@ -961,10 +1015,9 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
 void allocator_core::record_stream(void* ptr, native_stream stream)
 {
   impl& m = *impl_;
-  block* b = m.lookup(ptr, false);
-  stream_cache& c = *b->seg->cache;
-  std::lock_guard g{c.mu};
-  if (stream != c.stream && std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) {
+  auto [b, lock] = m.lookup(ptr, m.hint_for(stream, false), false);
+  if (stream != b->seg->cache->stream &&
+      std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) {
     b->uses.push_back(stream);
   }
 }
@@ -1015,13 +1068,12 @@ void allocator_core::empty_cache() { impl_->flush_all(false); }
 
 void allocator_core::reset_peak_stats()
 {
-  impl_->each_stat([](atomic_stat& s) { s.reset_peak(); });
+  impl_->each_stat([](lean_stat& s) { s.reset_peak(); });
 }
 
 void allocator_core::reset_memory_stats()
 {
-  impl_->each_stat([](atomic_stat& s) { s.reset_totals(); });
-  impl_->hits.store(0);
+  impl_->each_stat([](lean_stat& s) { s.reset_totals(); }, true);
   impl_->misses.store(0);
   impl_->retries.store(0);
   impl_->ooms.store(0);

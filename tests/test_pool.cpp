@@ -776,3 +776,25 @@ TEST_CASE_TEMPLATE("pool: fixed_pool serves equal blocks and reports its use", D
   CHECK_THROWS_AS((depot::fixed_pool<D>{100, 4096}), depot::invalid_argument);
   CHECK_THROWS_AS((depot::fixed_pool<D>{4096, 4096, -1}), depot::invalid_argument);
 }
+
+TEST_CASE_TEMPLATE("pool: frees from another stream or another thread find their block", D,
+                   DEPOT_TEST_DEVICES)
+{
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  depot::stream<D> s1;
+  depot::stream<D> s2;
+  void* x = a.allocate(3 * MiB, s1);
+  void* y = a.allocate(4096, s1);
+  a.deallocate(x, s2);  // ordered on s2: the block waits for s2 before s1 reuses it
+  std::thread other{[&] { a.deallocate(y); }};  // no stream, a thread with no history here
+  other.join();
+  s2.synchronize();
+  auto st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.num_allocations.all.current == 0);
+  void* again = a.allocate(3 * MiB, s1);  // once s2's event is done, x's block is reused
+  CHECK(again == x);
+  a.deallocate(again);
+  CHECK_THROWS_AS(a.deallocate(x, s2), depot::invalid_argument);  // already freed
+  check_invariants(a);
+}
