@@ -14,6 +14,7 @@
 #include <depot/hal/stream.hpp>
 #include <depot/pool/caching_allocator.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -120,6 +121,12 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
   std::printf("  %8s %9s", "N", "max");
   std::unique_ptr<caching_allocator<D>> depot_pool;
   auto allocators = allocators_for<D>(device, cap, depot_pool);
+  if (!opts.alloc_only.empty()) {
+    std::erase_if(allocators, [&](const allocator_under_test& x) {
+      return x.name != "depot" &&
+             std::find(opts.alloc_only.begin(), opts.alloc_only.end(), x.name) == opts.alloc_only.end();
+    });
+  }
   for (const auto& a : allocators) std::printf(" %14s %7s", a.name.c_str(), "ratio");
   std::printf("\n");
   for (std::size_t n : opts.alloc_counts) {

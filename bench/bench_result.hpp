@@ -24,6 +24,7 @@ struct options {
   std::size_t live_cap = std::size_t{1} << 30;
   int threads = 1;
   unsigned seed = 1;
+  std::vector<std::string> alloc_only;  // allocator names to run (empty: all)
 };
 
 // Median of a sample of times, in the sample's unit. The sample must not be empty.
