@@ -32,6 +32,32 @@ unsigned long long parse_unsigned(std::string_view key, std::string_view value,
   return out;
 }
 
+// "1048576", "512KiB", "64MiB", "2GiB" (binary units; "KB"/"MB"/"GB" are refused as ambiguous).
+std::size_t parse_bytes(std::string_view key, std::string_view value, std::string_view range)
+{
+  std::size_t split = 0;
+  while (split < value.size() && value[split] >= '0' && value[split] <= '9') ++split;
+  const std::string_view digits = value.substr(0, split);
+  const std::string_view unit = value.substr(split);
+  const auto n = parse_unsigned(key, digits, range);
+  unsigned shift = 0;
+  if (unit.empty() || unit == "B") {
+    shift = 0;
+  } else if (unit == "KiB") {
+    shift = 10;
+  } else if (unit == "MiB") {
+    shift = 20;
+  } else if (unit == "GiB") {
+    shift = 30;
+  } else if (unit == "TiB") {
+    shift = 40;
+  } else {
+    bad(key, value, range);
+  }
+  if (n > ((1ULL << 50) >> shift)) bad(key, value, range);
+  return static_cast<std::size_t>(n) << shift;
+}
+
 double parse_double(std::string_view key, std::string_view value, std::string_view range)
 {
   const std::string text{value};
@@ -70,6 +96,13 @@ allocator_config allocator_config::parse(std::string_view text)
       const auto v = parse_unsigned(key, value, range);
       if (v < 1 || v > (1ULL << 40)) bad(key, value, range);
       c.max_split_size = static_cast<std::size_t>(v) * mib;
+    } else if (key == "max_split_size") {
+      constexpr std::string_view range = "a size in [1MiB, 2^50 bytes], e.g. 512MiB";
+      const auto v = parse_bytes(key, value, range);
+      if (v < mib) bad(key, value, range);
+      c.max_split_size = v;
+    } else if (key == "release_threshold") {
+      c.release_threshold = parse_bytes(key, value, "a size in [0, 2^50 bytes], e.g. 1GiB");
     } else if (key == "roundup_power2_divisions") {
       constexpr std::string_view range = "0 or a power of two in [1, 64]";
       const auto v = parse_unsigned(key, value, range);
@@ -98,9 +131,9 @@ allocator_config allocator_config::parse(std::string_view text)
     } else {
       throw invalid_argument(
           "depot: DEPOT_ALLOC_CONF: unknown key '" + std::string{key} +
-          "'; known keys: max_split_size_mb, roundup_power2_divisions, "
-          "garbage_collection_threshold, release_threshold_mb, per_process_memory_fraction, "
-          "trace_capacity");
+          "'; known keys: max_split_size (or max_split_size_mb), roundup_power2_divisions, "
+          "garbage_collection_threshold, release_threshold (or release_threshold_mb), "
+          "per_process_memory_fraction, trace_capacity");
     }
   }
   return c;

@@ -274,7 +274,7 @@ TEST_CASE_TEMPLATE("pool: statistics fuzz, 10 000 operations, invariants after e
     REQUIRE(st.allocated_bytes.all.peak == expect_peak);
     REQUIRE(st.allocated_bytes.all.allocated - st.allocated_bytes.all.freed ==
             st.allocated_bytes.all.current);
-    if (op % 10 == 0 || op > 9900) check_invariants(st, a.snapshot());
+    check_invariants(st, a.snapshot());
   }
   // A peak reset never disturbs live totals.
   const auto before = a.stats();
@@ -620,6 +620,11 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
   CHECK(round.max_split_size == c.max_split_size);
   CHECK(round.trace_capacity == c.trace_capacity);
   CHECK(allocator_config::parse("").max_split_size == std::numeric_limits<std::size_t>::max());
+  CHECK(allocator_config::parse("max_split_size:512MiB").max_split_size == 512 * MiB);
+  CHECK(allocator_config::parse("max_split_size:2GiB").max_split_size == 2048 * MiB);
+  CHECK(allocator_config::parse("max_split_size:1048576").max_split_size == MiB);
+  CHECK(allocator_config::parse("release_threshold:0").release_threshold == 0);
+  CHECK(allocator_config::parse("release_threshold:64KiB").release_threshold == 65536);
 
   const std::pair<const char*, const char*> bad[] = {
       {"max_split_size_mb:0", "max_split_size_mb"},
@@ -633,6 +638,10 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
       {"trace_capacity:many", "trace_capacity"},
       {"expandable_segments:true", "unknown key 'expandable_segments'"},
       {"max_split_size_mb", "not key:value"},
+      {"max_split_size:512MB", "e.g. 512MiB"},
+      {"max_split_size:1KiB", "[1MiB"},
+      {"max_split_size:99999999TiB", "max_split_size"},
+      {"release_threshold:lots", "release_threshold"},
   };
   for (const auto& [text, expect] : bad) {
     CAPTURE(text);

@@ -15,7 +15,8 @@ namespace depot {
 // ever silently ignored. A plain value type.
 struct allocator_config {
   // Blocks larger than this are never split (limits fragmentation by large blocks).
-  // Key max_split_size_mb (MiB, >= 1). Default: no limit.
+  // Key max_split_size (bytes, KiB/MiB/GiB suffixes, >= 1MiB) or max_split_size_mb (MiB).
+  // Default: no limit.
   std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
   // Round requests of at least 1 MiB up to one of N divisions of their power-of-two
   // interval (0: off, else a power of two in [1, 64]). Key roundup_power2_divisions.
@@ -24,7 +25,8 @@ struct allocator_config {
   // are released before growing (0: off, else (0, 1)). Key garbage_collection_threshold.
   double garbage_collection_threshold = 0.0;
   // Cached memory kept when empty_cache(keep) trims automatically: the allocator releases
-  // whole free segments beyond this many bytes after a free. Key release_threshold_mb (MiB).
+  // whole free segments beyond this many bytes after a free. Key release_threshold (bytes,
+  // with suffixes) or release_threshold_mb (MiB).
   // Default: keep everything until empty_cache().
   std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
   // Reserved memory may not exceed this fraction of the device's total ((0, 1]).
