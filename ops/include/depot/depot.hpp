@@ -14,6 +14,7 @@
 #include <depot/hal/event.hpp>
 #include <depot/hal/expects.hpp>
 #include <depot/hal/format_bytes.hpp>
+#include <depot/hal/index_error.hpp>
 #include <depot/hal/invalid_argument.hpp>
 #include <depot/hal/memory_info.hpp>
 #include <depot/hal/out_of_memory.hpp>
@@ -33,6 +34,11 @@
 #include <depot/pool/profile_memory.hpp>
 #include <depot/pool/trace_event.hpp>
 #include <depot/pool/upstream_resource.hpp>
+
+// storage/
+#include <depot/storage/device_storage.hpp>
+#include <depot/storage/host_storage.hpp>
+#include <depot/storage/storage.hpp>
 
 // ops/
 #include <depot/ops/fill.hpp>
