@@ -38,7 +38,9 @@
 // storage/
 #include <depot/storage/device_storage.hpp>
 #include <depot/storage/host_storage.hpp>
+#include <depot/storage/layout.hpp>
 #include <depot/storage/storage.hpp>
+#include <depot/storage/strided_view.hpp>
 
 // ops/
 #include <depot/ops/fill.hpp>
