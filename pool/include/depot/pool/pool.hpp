@@ -7,6 +7,7 @@
 #include <depot/pool/caching_allocator.hpp>
 #include <depot/pool/device_upstream.hpp>
 
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -14,19 +15,41 @@
 namespace depot {
 
 namespace detail {
-// One lazily built allocator per device index, process-wide. Deliberately never destroyed:
-// at exit the backend runtime may already be gone, and the process returns the memory.
+// One lazily built allocator per device index, process-wide. The allocators themselves are
+// deliberately never destroyed (work may still run at exit); an exit handler, registered
+// on first use and so run before the backend runtime's own teardown, returns their cached
+// free segments, so leak checkers see only blocks the program still holds.
+template <device D, bool Pinned>
+std::vector<caching_allocator<D>*>& process_pools()
+{
+  static auto* pools = new std::vector<caching_allocator<D>*>(static_cast<std::size_t>(device_count<D>()), nullptr);
+  return *pools;
+}
+
+template <device D, bool Pinned>
+void empty_process_pools() noexcept
+{
+  // At exit nothing can act on a failure; the process returns the memory anyway.
+  for (caching_allocator<D>* p : process_pools<D, Pinned>()) {
+    try {
+      if (p != nullptr) p->empty_cache();
+    } catch (...) {
+    }
+  }
+}
+
 template <device D, bool Pinned>
 caching_allocator<D>& process_pool(int device)
 {
   runtime<D>::check_device(device);
   static std::mutex mu;
-  static auto* pools = new std::vector<caching_allocator<D>*>(static_cast<std::size_t>(device_count<D>()), nullptr);
   std::lock_guard g{mu};
-  auto& slot = (*pools)[static_cast<std::size_t>(device)];
+  auto& slot = process_pools<D, Pinned>()[static_cast<std::size_t>(device)];
   if (slot == nullptr) {
     slot = new caching_allocator<D>(std::make_unique<device_upstream<D>>(device, Pinned),
                                     allocator_config::from_environment());
+    static const bool registered = std::atexit(&empty_process_pools<D, Pinned>) == 0;
+    (void)registered;
   }
   return *slot;
 }
