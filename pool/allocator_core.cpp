@@ -1001,15 +1001,32 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
     b->uses.push_back(stream);
   }
   if (m.async && !b->uses.empty()) {
-    b->state = block_state::pending_free;
-    for (native_stream s : b->uses) {
-      c.pending.emplace_back(m.up->record_event(s), b);
-      ++b->pending;
+    // Record every event before changing anything: if a stream cannot take one (it was
+    // destroyed, the device failed), order the free by finishing the device's work instead,
+    // so the block is never lost.
+    std::vector<native_event> events;
+    events.reserve(b->uses.size());
+    try {
+      for (native_stream s : b->uses) events.push_back(m.up->record_event(s));
+    } catch (...) {
+      for (native_event e : events) m.up->destroy_event(e);
+      events.clear();
+      try {
+        m.up->synchronize_device();
+      } catch (...) {
+      }
     }
     b->uses.clear();
-  } else {
-    m.release_block(c, b);
+    if (!events.empty()) {
+      b->state = block_state::pending_free;
+      for (native_event e : events) {
+        c.pending.emplace_back(e, b);
+        ++b->pending;
+      }
+      return;
+    }
   }
+  m.release_block(c, b);
 }
 
 void allocator_core::record_stream(void* ptr, native_stream stream)

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <depot/hal/error.hpp>
 #include <depot/hal/invalid_argument.hpp>
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/hal/runtime.hpp>
@@ -74,7 +75,12 @@ class limiting_upstream final : public depot::upstream_resource {
     return total_ == 0 ? inner_.memory() : depot::memory_info{total_, total_};
   }
   depot::device_id device() const noexcept override { return inner_.device(); }
-  depot::native_event record_event(depot::native_stream s) override { return inner_.record_event(s); }
+  depot::native_event record_event(depot::native_stream s) override
+  {
+    if (fail_events) throw depot::error("test: event refused", "record_event", __FILE__, __LINE__, 1, "test");
+    return inner_.record_event(s);
+  }
+  bool fail_events = false;
   bool event_done(depot::native_event e) override { return inner_.event_done(e); }
   void wait_event(depot::native_event e) override { inner_.wait_event(e); }
   void stream_wait(depot::native_stream s, depot::native_event e) override { inner_.stream_wait(s, e); }
@@ -805,5 +811,26 @@ TEST_CASE_TEMPLATE("pool: frees from another stream or another thread find their
   CHECK(again == x);
   a.deallocate(again);
   CHECK_THROWS_AS(a.deallocate(x, s2), depot::invalid_argument);  // already freed
+  check_invariants(a);
+}
+
+TEST_CASE_TEMPLATE("pool: a free whose stream cannot take an event still frees its block", D,
+                   DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  auto upstream = std::make_unique<limiting_upstream<D>>(1024 * MiB, counters);
+  limiting_upstream<D>* up = upstream.get();
+  depot::caching_allocator<D> a{std::move(upstream), depot::allocator_config{}};
+  depot::stream<D> s1;
+  depot::stream<D> s2;
+  void* p = a.allocate(MiB, s1);
+  up->fail_events = true;
+  a.deallocate(p, s2);  // would wait for s2: the event fails, the device is synchronised
+  up->fail_events = false;
+  const auto st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.active_bytes.all.current == 0);  // not left pending
+  CHECK(a.allocate(MiB, s1) == p);          // and reusable at once
+  a.deallocate(p, s1);
   check_invariants(a);
 }

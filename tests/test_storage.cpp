@@ -160,6 +160,7 @@ TEST_CASE_TEMPLATE("storage: device_storage shares, copies on a stream and retur
 {
   const auto base = depot::memory_allocated<D>();
   depot::stream<D> s;
+  depot::stream<D> other;  // streams outlive the storage whose work they carry
   std::vector<int> host(1000);
   std::iota(host.begin(), host.end(), 7);
   {
@@ -177,7 +178,6 @@ TEST_CASE_TEMPLATE("storage: device_storage shares, copies on a stream and retur
     copy.copy_to_host(back.data(), s);
     s.synchronize();
     CHECK(back == host);
-    depot::stream<D> other;
     d.record_use(other);  // released in other's order
     CHECK(d.stream() == depot::stream_ref<D>{other});
     other.synchronize();
