@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 
 namespace depot {
 
@@ -64,8 +65,7 @@ class layout {
       strides_[i] = strides[i];
     }
     (void)numel();  // refuses shapes whose element count overflows
-    (void)min_offset();
-    (void)max_offset();
+    (void)offset_range();  // and layouts whose offsets do
   }
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -96,28 +96,22 @@ class layout {
     return true;
   }
 
-  // Lowest and highest element offsets the layout touches (offset() when empty). Storage
-  // must hold [min_offset, max_offset] for the view to be valid.
-  [[nodiscard]] std::int64_t min_offset() const
+  // Lowest and highest element offsets the layout touches ({offset, offset} when empty).
+  // Storage must hold [first, second] for the view to be valid.
+  [[nodiscard]] std::pair<std::int64_t, std::int64_t> offset_range() const
   {
     std::int64_t lo = offset_;
-    if (numel() == 0) return offset_;
-    for (int d = 0; d < rank_; ++d) {
-      const auto i = static_cast<std::size_t>(d);
-      if (strides_[i] < 0) lo = checked_add(lo, checked_mul(strides_[i], shape_[i] - 1));
-    }
-    return lo;
-  }
-  [[nodiscard]] std::int64_t max_offset() const
-  {
     std::int64_t hi = offset_;
-    if (numel() == 0) return offset_;
+    if (numel() == 0) return {lo, hi};
     for (int d = 0; d < rank_; ++d) {
       const auto i = static_cast<std::size_t>(d);
-      if (strides_[i] > 0) hi = checked_add(hi, checked_mul(strides_[i], shape_[i] - 1));
+      const std::int64_t reach = checked_mul(strides_[i], shape_[i] - 1);
+      (strides_[i] < 0 ? lo : hi) = checked_add(strides_[i] < 0 ? lo : hi, reach);
     }
-    return hi;
+    return {lo, hi};
   }
+  [[nodiscard]] std::int64_t min_offset() const { return offset_range().first; }
+  [[nodiscard]] std::int64_t max_offset() const { return offset_range().second; }
 
   // Offset of one element; negative indices count from the end (NumPy). Out of range:
   // depot::index_error naming the index, the dimension and its size.
