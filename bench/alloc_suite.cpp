@@ -6,7 +6,8 @@
 // CUDACachingAllocator. Per (N, max size): 2N operations; allocate (73 %) while fewer than N
 // were made and the live bytes stay under the cap, otherwise free a random live block;
 // sizes uniform in [1, max]; seeded std::default_random_engine. Wall time of the whole
-// sequence over N = time per allocate+free pair; the second (warm) repetition is reported.
+// sequence over N = time per allocate+free pair: one warm-up run, then the median of
+// --alloc-reps timed runs (each run creates its streams anew, as short-lived code does).
 #include "bench_result.hpp"
 
 #include <depot/config.hpp>
@@ -115,9 +116,9 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
 {
   const std::size_t cap = opts.live_cap;
   std::printf("\n%s:%d  random_allocations, seed %u, live bytes capped at %s, %d thread(s); "
-              "us per allocate+free pair (warm run), ratio = allocator / depot\n",
+              "us per allocate+free pair (median of %d warm runs), ratio = allocator / depot\n",
               std::string{D::name}.c_str(), device, opts.seed, std::to_string(cap >> 20).append(" MiB").c_str(),
-              opts.threads);
+              opts.threads, opts.alloc_reps);
   std::printf("  %8s %9s", "N", "max");
   std::unique_ptr<caching_allocator<D>> depot_pool;
   auto allocators = allocators_for<D>(device, cap, depot_pool);
@@ -135,23 +136,23 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
       double depot_us = 0;
       for (const auto& a : allocators) {
         a.reset();
-        double seconds = 0;
-        for (int rep = 0; rep < 2; ++rep) {  // the first run warms the cache
+        std::vector<double> runs;
+        for (int rep = 0; rep <= opts.alloc_reps; ++rep) {  // run 0 warms the cache, untimed
           std::vector<std::thread> threads;
-          std::vector<double> per_thread(static_cast<std::size_t>(opts.threads));
           const auto t0 = std::chrono::steady_clock::now();
           for (int t = 0; t < opts.threads; ++t) {
             threads.emplace_back([&, t] {
               stream<D> s{device};
-              per_thread[static_cast<std::size_t>(t)] = run_workload(
-                  a, n / static_cast<std::size_t>(opts.threads), max_size,
-                  cap / static_cast<std::size_t>(opts.threads), opts.seed + static_cast<unsigned>(t), s.native());
+              (void)run_workload(a, n / static_cast<std::size_t>(opts.threads), max_size,
+                                 cap / static_cast<std::size_t>(opts.threads),
+                                 opts.seed + static_cast<unsigned>(t), s.native());
               s.synchronize();
             });
           }
           for (auto& th : threads) th.join();
-          seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (rep > 0) runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
+        const double seconds = median(runs);
         const double us = seconds * 1e6 / static_cast<double>(n);
         if (a.name == "depot") depot_us = us;
         std::printf(" %14.3f %7.2f", us, us / depot_us);
@@ -162,6 +163,7 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
                         {"max_size", max_size},
                         {"threads", opts.threads},
                         {"us_per_pair", us},
+                        {"runs", opts.alloc_reps},
                         {"ratio_to_depot", us / depot_us}});
       }
       std::printf("\n");

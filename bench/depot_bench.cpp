@@ -88,6 +88,9 @@ int main(int argc, char** argv)
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
   app.add_option("--seed", opts.seed, "alloc: random seed")->capture_default_str();
+  app.add_option("--alloc-reps", opts.alloc_reps, "alloc: timed runs after a warm-up (median reported)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   app.add_option("--alloc-only", opts.alloc_only,
                  "alloc: run only these allocators (depot, malloc, cudaMalloc, cudaMallocAsync, "
                  "hipMalloc, hipMallocAsync, torch); depot always runs, as the reference");
