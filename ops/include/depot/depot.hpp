@@ -37,6 +37,7 @@
 
 // storage/
 #include <depot/storage/device_storage.hpp>
+#include <depot/storage/dlpack.hpp>
 #include <depot/storage/host_storage.hpp>
 #include <depot/storage/layout.hpp>
 #include <depot/storage/storage.hpp>

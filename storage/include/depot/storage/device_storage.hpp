@@ -18,10 +18,12 @@
 namespace depot {
 
 // A contiguous buffer of T in the memory of one device of backend D, taken from
-// pool<D>(device) in the order of a stream. Copies share the buffer (an atomic count);
-// the last handle returns it to the pool on the stream it was last used on (the allocation
-// stream, or the one given to record_use()). deep_copy() enqueues a device copy. The count
-// is thread-safe; the elements and the stream bookkeeping are not synchronised.
+// pool<D>(device) in the order of a stream, or adopted from elsewhere (a DLPack tensor)
+// with a release callback. Copies share the buffer (an atomic count); the last handle
+// returns it to the pool on the stream it was last used on (the allocation stream, or the
+// one given to record_use()), or calls the release callback. deep_copy() enqueues a device
+// copy. The count is thread-safe; the elements and the stream bookkeeping are not
+// synchronised.
 template <class T, device D>
 class device_storage {
   static_assert(std::is_trivially_copyable_v<T>, "device_storage holds trivially copyable elements");
@@ -41,12 +43,26 @@ class device_storage {
     auto& p = pool<D>(device);
     void* mem = p.allocate(n * sizeof(T), stream);
     try {
-      ctrl_ = new control{{1}, device, stream.native(), mem};
+      ctrl_ = new control{{1}, device, stream.native(), mem, nullptr, nullptr};
     } catch (...) {
       p.deallocate(mem, stream);
       throw;
     }
     data_ = static_cast<T*>(mem);
+    size_ = n;
+  }
+
+  // Adopts n elements at ptr on `device`: counted; release(context, ptr) runs once, when
+  // the last handle goes (it must not throw). Tracked even when n == 0.
+  using release_fn = void (*)(void* context, void* ptr) noexcept;
+  device_storage(T* ptr, std::size_t n, int device, release_fn release, void* context)
+  {
+    runtime<D>::check_device(device);
+    DEPOT_EXPECTS(ptr != nullptr || n == 0, "depot::device_storage: null pointer with " +
+                                                std::to_string(n) + " elements");
+    DEPOT_EXPECTS(release != nullptr, "depot::device_storage: adopted memory needs a release function");
+    ctrl_ = new control{{1}, device, nullptr, ptr, release, context};
+    data_ = ptr;
     size_ = n;
   }
 
@@ -88,7 +104,7 @@ class device_storage {
   void record_use(stream_ref<D> s)
   {
     if (ctrl_ == nullptr || s.native() == ctrl_->last_stream) return;
-    pool<D>(ctrl_->device).record_stream(ctrl_->memory, s);
+    if (ctrl_->release == nullptr) pool<D>(ctrl_->device).record_stream(ctrl_->memory, s);
     ctrl_->last_stream = s.native();
   }
 
@@ -119,15 +135,21 @@ class device_storage {
     int device;
     native_stream last_stream;
     void* memory;
+    release_fn release;  // nullptr: memory from pool<D>
+    void* context;
   };
 
   void release() noexcept
   {
-    // The buffer came from this pool, so its deallocate cannot refuse it.
+    // A pool buffer came from this pool, so its deallocate cannot refuse it.
     if (ctrl_ != nullptr && ctrl_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      try {
-        pool<D>(ctrl_->device).deallocate(ctrl_->memory, stream_ref<D>{ctrl_->last_stream});
-      } catch (...) {
+      if (ctrl_->release != nullptr) {
+        ctrl_->release(ctrl_->context, ctrl_->memory);
+      } else {
+        try {
+          pool<D>(ctrl_->device).deallocate(ctrl_->memory, stream_ref<D>{ctrl_->last_stream});
+        } catch (...) {
+        }
       }
       delete ctrl_;
     }

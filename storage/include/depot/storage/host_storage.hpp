@@ -17,11 +17,13 @@
 
 namespace depot {
 
-// A contiguous host buffer of T in one of two ownership modes. Managed: owns memory from
+// A contiguous host buffer of T in one of three ownership modes. Managed: owns memory from
 // pool<host>(), with an atomic reference count shared by every copy; freed when the last
 // handle goes. External: a view of memory someone else owns; never freed, never counted.
-// Copying shares (managed) or aliases (external); moving transfers. The count is
-// thread-safe; the elements are not synchronised. An empty storage tracks nothing.
+// Adopted: memory owned elsewhere (a DLPack tensor, say), counted like managed storage,
+// and handed back through a release callback when the last handle goes. Copying shares
+// (managed, adopted) or aliases (external); moving transfers. The count is thread-safe;
+// the elements are not synchronised. An empty managed storage tracks nothing.
 template <class T>
 class host_storage {
   static_assert(std::is_trivially_copyable_v<T>, "host_storage holds trivially copyable elements");
@@ -49,15 +51,28 @@ class host_storage {
     }
   }
 
-  host_storage(const host_storage& other) noexcept
-      : data_{other.data_}, size_{other.size_}, refs_{other.refs_}, external_{other.external_}
+  // Adopts [ptr, ptr + n): counted; release(context, ptr) runs once, when the last handle
+  // goes (it must not throw). Tracked even when n == 0, so the release always happens.
+  using release_fn = void (*)(void* context, void* ptr) noexcept;
+  host_storage(T* ptr, std::size_t n, release_fn release, void* context)
   {
-    if (refs_ != nullptr) refs_->fetch_add(1, std::memory_order_relaxed);
+    DEPOT_EXPECTS(ptr != nullptr || n == 0,
+                  "depot::host_storage: null pointer with " + std::to_string(n) + " elements");
+    DEPOT_EXPECTS(release != nullptr, "depot::host_storage: adopted memory needs a release function");
+    ctrl_ = new control{{1}, release, context};
+    data_ = ptr;
+    size_ = n;
+  }
+
+  host_storage(const host_storage& other) noexcept
+      : data_{other.data_}, size_{other.size_}, ctrl_{other.ctrl_}, external_{other.external_}
+  {
+    if (ctrl_ != nullptr) ctrl_->refs.fetch_add(1, std::memory_order_relaxed);
   }
   host_storage(host_storage&& other) noexcept
       : data_{std::exchange(other.data_, nullptr)},
         size_{std::exchange(other.size_, 0)},
-        refs_{std::exchange(other.refs_, nullptr)},
+        ctrl_{std::exchange(other.ctrl_, nullptr)},
         external_{std::exchange(other.external_, false)}
   {
   }
@@ -72,7 +87,7 @@ class host_storage {
   {
     std::swap(data_, other.data_);
     std::swap(size_, other.size_);
-    std::swap(refs_, other.refs_);
+    std::swap(ctrl_, other.ctrl_);
     std::swap(external_, other.external_);
   }
 
@@ -103,11 +118,11 @@ class host_storage {
   }
 
   [[nodiscard]] bool is_external() const noexcept { return external_; }
-  [[nodiscard]] bool is_refcounted() const noexcept { return refs_ != nullptr; }
+  [[nodiscard]] bool is_refcounted() const noexcept { return ctrl_ != nullptr; }
   // Handles sharing this buffer; 0 when not tracked (external or empty).
   [[nodiscard]] std::size_t ref_count() const noexcept
   {
-    return refs_ == nullptr ? 0 : refs_->load(std::memory_order_acquire);
+    return ctrl_ == nullptr ? 0 : ctrl_->refs.load(std::memory_order_acquire);
   }
   // A new handle on the same data. External storage cannot be shared (nothing keeps it
   // alive): depot::invalid_argument.
@@ -129,7 +144,7 @@ class host_storage {
     if (n == 0) return;
     data_ = static_cast<T*>(pool<host>().allocate(n * sizeof(T)));
     try {
-      refs_ = new std::atomic<std::size_t>{1};
+      ctrl_ = new control{{1}, nullptr, nullptr};
     } catch (...) {
       pool<host>().deallocate(data_);
       throw;
@@ -139,16 +154,20 @@ class host_storage {
 
   void release() noexcept
   {
-    // The buffer came from pool<host>(), so its deallocate cannot refuse it.
-    if (refs_ != nullptr && refs_->fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      try {
-        pool<host>().deallocate(data_);
-      } catch (...) {
+    // A managed buffer came from pool<host>(), so its deallocate cannot refuse it.
+    if (ctrl_ != nullptr && ctrl_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      if (ctrl_->release != nullptr) {
+        ctrl_->release(ctrl_->context, data_);
+      } else {
+        try {
+          pool<host>().deallocate(data_);
+        } catch (...) {
+        }
       }
-      delete refs_;
+      delete ctrl_;
     }
     data_ = nullptr;
-    refs_ = nullptr;
+    ctrl_ = nullptr;
     size_ = 0;
   }
 
@@ -159,9 +178,15 @@ class host_storage {
     }
   }
 
+  struct control {
+    std::atomic<std::size_t> refs;
+    release_fn release;  // nullptr: managed (pool memory)
+    void* context;
+  };
+
   T* data_ = nullptr;
   std::size_t size_ = 0;
-  std::atomic<std::size_t>* refs_ = nullptr;
+  control* ctrl_ = nullptr;
   bool external_ = false;
 };
 
