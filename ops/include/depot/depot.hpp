@@ -20,6 +20,7 @@
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/hal/runtime.hpp>
 #include <depot/hal/stream.hpp>
+#include <depot/hal/host_device.hpp>
 #include <depot/hal/stream_ref.hpp>
 
 // pool/
@@ -36,13 +37,23 @@
 #include <depot/pool/upstream_resource.hpp>
 
 // storage/
+#include <depot/storage/array_ref.hpp>
+#include <depot/storage/bfloat16.hpp>
 #include <depot/storage/device_storage.hpp>
 #include <depot/storage/dlpack.hpp>
+#include <depot/storage/dtype.hpp>
+#include <depot/storage/element_kernels.hpp>
+#include <depot/storage/float16.hpp>
 #include <depot/storage/host_storage.hpp>
 #include <depot/storage/layout.hpp>
 #include <depot/storage/storage.hpp>
 #include <depot/storage/strided_view.hpp>
 
 // ops/
+#include <depot/ops/copy.hpp>
 #include <depot/ops/fill.hpp>
+#include <depot/ops/gather.hpp>
 #include <depot/ops/kokkos_runtime.hpp>
+#include <depot/ops/masked_fill.hpp>
+#include <depot/ops/masked_select.hpp>
+#include <depot/ops/scatter.hpp>

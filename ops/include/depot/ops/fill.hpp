@@ -5,6 +5,8 @@
 #include <depot/config.hpp>
 #include <depot/hal/device.hpp>
 #include <depot/hal/stream_ref.hpp>
+#include <depot/storage/element_kernels.hpp>
+#include <depot/storage/strided_view.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +19,14 @@ namespace depot::ops {
 // n > 0 is depot::invalid_argument. Defined for float, double, int32, int64, uint8.
 template <device D, class T>
 void fill(T* data, std::size_t n, T value, stream_ref<D> stream = {});
+
+// Sets every element of `dst` (any strides, any dtype) to `value`, as the kernel
+// "depot::fill" queued on `stream`.
+template <class T, device D>
+void fill(const strided_view<T, D>& dst, T value, stream_ref<D> stream = {})
+{
+  kernels::fill<D>(dst.ref(), &value, stream);
+}
 
 #define DEPOT_OPS_FILL_DECLARE(D, T) \
   extern template void fill<D, T>(T*, std::size_t, T, stream_ref<D>);

@@ -6,6 +6,9 @@
 #include <depot/hal/expects.hpp>
 #include <depot/hal/runtime.hpp>
 #include <depot/hal/stream_ref.hpp>
+#include <depot/storage/array_ref.hpp>
+#include <depot/storage/dtype.hpp>
+#include <depot/storage/element_kernels.hpp>
 #include <depot/storage/layout.hpp>
 #include <depot/storage/storage.hpp>
 
@@ -23,9 +26,8 @@ namespace depot {
 // through every view of the same storage; clone() and contiguous() (when it must copy)
 // make new storage. Structural operations (slice, select, transpose, permute, view) never
 // copy. Element movement between layouts and devices (clone, reshape when a copy is
-// needed, to<D2>, copy_) is synchronous here; until ops/ provides strided kernels, device
-// views that are not contiguous are gathered through host memory (correct, not fast).
-// Not synchronised; the storage's count is.
+// needed, to<D2>, copy_) is synchronous and runs ops/' kernels on the device that holds
+// the data (declared in element_kernels.hpp). Not synchronised; the storage's count is.
 template <class T, device D = host>
 class strided_view {
  public:
@@ -66,6 +68,8 @@ class strided_view {
   [[nodiscard]] bool is_contiguous() const noexcept { return layout_.is_contiguous(); }
   // Address of the first element (of the storage's memory space).
   [[nodiscard]] T* data() const noexcept { return base() + layout_.offset(); }
+  // The type-erased description ops' kernels take (valid while this view's storage lives).
+  [[nodiscard]] array_ref ref() const { return array_ref::of(base(), dtype_of_v<T>, layout_); }
 
   [[nodiscard]] strided_view slice(int dim, std::int64_t start, std::int64_t stop, std::int64_t step = 1) const
   {
@@ -120,7 +124,8 @@ class strided_view {
   }
 
   // Copies the elements of `src` (same shape, any layout, any device) into this view.
-  // Returns when the copy is complete.
+  // Returns when the copy is complete. On one device this is one kernel (ops/); across
+  // devices a non-contiguous side is first made contiguous on its own device.
   template <device D2>
   strided_view& copy_(const strided_view<T, D2>& src)
   {
@@ -129,13 +134,18 @@ class strided_view {
                       ", source " + src.get_layout().to_string());
     const std::int64_t n = numel();
     if (n == 0) return *this;
-    if (is_contiguous() && src.is_contiguous()) {
+    if constexpr (std::is_same_v<D, D2>) {
+      kernels::copy<D>(ref(), src.ref(), stream_ref<D>{});
+      kernels::fence<D>(stream_ref<D>{});
+    } else if (is_contiguous() && src.is_contiguous()) {
       copy_bytes<D2>(data(), src.data(), static_cast<std::size_t>(n) * sizeof(T));
-      return *this;
+    } else if (!src.is_contiguous()) {
+      copy_(src.clone());
+    } else {
+      strided_view staged = empty(shape());
+      staged.copy_(src);
+      copy_(staged);
     }
-    // General case: gather the source into a dense host buffer, scatter into this view.
-    const std::vector<T> dense = src.to_host_vector();
-    scatter_from_host(dense);
     return *this;
   }
 
@@ -208,15 +218,6 @@ class strided_view {
     std::vector<T> span(count);
     runtime<D>::copy(span.data(), base() + lo, count * sizeof(T));
     return span;
-  }
-
-  void scatter_from_host(const std::vector<T>& dense)
-  {
-    const std::int64_t lo = layout_.min_offset();
-    std::vector<T> span = read_span();  // keeps the elements between the view's own
-    std::size_t k = 0;
-    for_each_offset([&](std::int64_t off) { span[static_cast<std::size_t>(off - lo)] = dense[k++]; });
-    runtime<D>::copy(base() + lo, span.data(), span.size() * sizeof(T));
   }
 
   // Contiguous bytes from memory of D2 into memory of D.

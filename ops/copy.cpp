@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+// kernels::copy: contiguous same-dtype copies go to the backend's memcpy on the stream;
+// permuted copies (the destination's fastest dimension is not the source's) go through
+// tiles staged in team scratch (shared) memory, so both sides are read and written along
+// their fastest dimension; everything else, and dtype conversion, is an elementwise walk
+// over coalesced dimensions with 32-bit index math where it fits.
+#include "kokkos/kernel_support.hpp"
+
+#include <depot/storage/element_kernels.hpp>
+
+#include <string>
+
+namespace depot {
+namespace ops::detail {
+namespace {
+
+template <class D, class To, class From, class I>
+void copy_elements(To* dst, const From* src, const strided_shape<2>& s, I n, bool dense, stream_ref<D> stream)
+{
+  if (dense) {
+    Kokkos::parallel_for("depot::copy", make_range<D, I>(stream, n),
+                         KOKKOS_LAMBDA(I i) { dst[i] = convert<To>(src[i]); });
+    return;
+  }
+  Kokkos::parallel_for("depot::copy", make_range<D, I>(stream, n), KOKKOS_LAMBDA(I i) {
+    I off[2];
+    s.offsets(i, off);
+    dst[off[0]] = convert<To>(src[off[1]]);
+  });
+}
+
+template <class D, class To, class From>
+void copy_converting(const array_ref& dst, const array_ref& src, stream_ref<D> stream)
+{
+  const array_ref* arrays[2] = {&dst, &src};
+  const auto s = coalesce<2>(arrays);
+  const std::int64_t n = dst.numel();
+  const bool dense = s.rank <= 1 && (s.rank == 0 || (s.strides[0][0] == 1 && s.strides[1][0] == 1));
+  auto* d = static_cast<To*>(dst.data);
+  const auto* f = static_cast<const From*>(src.data);
+  if (fits_int32(s, n)) {
+    copy_elements<D, To, From, std::int32_t>(d, f, s, static_cast<std::int32_t>(n), dense, stream);
+  } else {
+    copy_elements<D, To, From, std::int64_t>(d, f, s, n, dense, stream);
+  }
+}
+
+// A permuted copy: in iteration order, the destination is dense along the last dimension
+// and the source along dimension `k`. The other dimensions form a batch.
+struct transpose_shape {
+  std::int64_t rows = 0;  // extent of dimension k
+  std::int64_t cols = 0;  // extent of the last dimension
+  std::int64_t dst_row_stride = 0;
+  std::int64_t src_col_stride = 0;
+  strided_shape<2> batch;  // offsets of each batch in dst and src
+  std::int64_t batches = 1;
+};
+
+constexpr int tile = 32;
+constexpr int tile_rows_per_pass = 8;  // a team of tile x 8 threads moves a tile in 4 passes
+
+template <class D, class U>
+void copy_transposed(U* dst, const U* src, const transpose_shape& t, stream_ref<D> stream)
+{
+  const std::int64_t tiles_r = (t.rows + tile - 1) / tile;
+  const std::int64_t tiles_c = (t.cols + tile - 1) / tile;
+  const std::int64_t league = tiles_r * tiles_c * t.batches;
+  if constexpr (is_gpu_v<D>) {
+    using policy = Kokkos::TeamPolicy<exec_space<D>>;
+    using member = typename policy::member_type;
+    const std::size_t scratch = sizeof(U) * tile * (tile + 1);
+    DEPOT_EXPECTS(league < (std::int64_t{1} << 31), "depot::copy: too many tiles for one launch");
+    Kokkos::parallel_for(
+        "depot::copy_transpose",
+        policy(D::kokkos::instance(stream), static_cast<int>(league), tile * tile_rows_per_pass)
+            .set_scratch_size(0, Kokkos::PerTeam(scratch)),
+        KOKKOS_LAMBDA(const member& m) {
+          U* buf = static_cast<U*>(m.team_shmem().get_shmem(scratch));
+          std::int64_t id = m.league_rank();
+          const std::int64_t tc = id % tiles_c;
+          id /= tiles_c;
+          const std::int64_t tr = id % tiles_r;
+          const std::int64_t b = id / tiles_r;
+          std::int64_t off[2];
+          t.batch.offsets(b, off);
+          const int x = m.team_rank() % tile;
+          const int y = m.team_rank() / tile;
+          const std::int64_t r0 = tr * tile;
+          const std::int64_t c0 = tc * tile;
+          // Read: neighbouring threads read neighbouring rows (the source's dense direction).
+          for (int p = y; p < tile; p += tile_rows_per_pass) {
+            const std::int64_t r = r0 + x;
+            const std::int64_t c = c0 + p;
+            if (r < t.rows && c < t.cols) buf[x * (tile + 1) + p] = src[off[1] + r + c * t.src_col_stride];
+          }
+          m.team_barrier();
+          // Write: neighbouring threads write neighbouring columns (the destination's).
+          for (int p = y; p < tile; p += tile_rows_per_pass) {
+            const std::int64_t r = r0 + p;
+            const std::int64_t c = c0 + x;
+            if (r < t.rows && c < t.cols) dst[off[0] + r * t.dst_row_stride + c] = buf[p * (tile + 1) + x];
+          }
+        });
+  } else {
+    // Host: one tile per iteration, walked so that both sides stay in cache.
+    Kokkos::parallel_for("depot::copy_transpose", make_range<D, std::int64_t>(stream, league),
+                         [=](std::int64_t id) {
+                           const std::int64_t tc = id % tiles_c;
+                           id /= tiles_c;
+                           const std::int64_t tr = id % tiles_r;
+                           const std::int64_t b = id / tiles_r;
+                           std::int64_t off[2];
+                           t.batch.offsets(b, off);
+                           const std::int64_t r_end = std::min(t.rows, (tr + 1) * tile);
+                           const std::int64_t c_end = std::min(t.cols, (tc + 1) * tile);
+                           for (std::int64_t r = tr * tile; r < r_end; ++r) {
+                             for (std::int64_t c = tc * tile; c < c_end; ++c) {
+                               dst[off[0] + r * t.dst_row_stride + c] = src[off[1] + r + c * t.src_col_stride];
+                             }
+                           }
+                         });
+  }
+}
+
+// The permuted-copy shape, when the copy is one.
+bool as_transpose(const strided_shape<2>& s, transpose_shape& t)
+{
+  const int r = s.rank;
+  if (r < 2 || s.strides[0][r - 1] != 1 || s.strides[1][r - 1] == 1) return false;
+  int k = -1;
+  for (int d = 0; d < r - 1; ++d) {
+    if (s.strides[1][d] == 1) k = d;
+  }
+  if (k < 0 || s.shape[k] < 8 || s.shape[r - 1] < 8) return false;
+  t.rows = s.shape[k];
+  t.cols = s.shape[r - 1];
+  t.dst_row_stride = s.strides[0][k];
+  t.src_col_stride = s.strides[1][r - 1];
+  t.batch = {};
+  for (int d = 0; d < r - 1; ++d) {
+    if (d == k) continue;
+    t.batch.shape[t.batch.rank] = s.shape[d];
+    t.batch.strides[0][t.batch.rank] = s.strides[0][d];
+    t.batch.strides[1][t.batch.rank] = s.strides[1][d];
+    ++t.batch.rank;
+    t.batches *= s.shape[d];
+  }
+  return true;
+}
+
+template <class D, class U>
+void copy_same(const array_ref& dst, const array_ref& src, stream_ref<D> stream)
+{
+  const array_ref* arrays[2] = {&dst, &src};
+  const auto s = coalesce<2>(arrays);
+  const std::int64_t n = dst.numel();
+  if (s.rank <= 1 && (s.rank == 0 || (s.strides[0][0] == 1 && s.strides[1][0] == 1))) {
+    runtime<D>::copy_async(dst.data, src.data, static_cast<std::size_t>(n) * sizeof(U), stream.native());
+    return;
+  }
+  transpose_shape t;
+  if (as_transpose(s, t)) {
+    copy_transposed<D, U>(static_cast<U*>(dst.data), static_cast<const U*>(src.data), t, stream);
+    return;
+  }
+  copy_converting<D, U, U>(dst, src, stream);
+}
+
+template <class D>
+void copy_dispatch(const array_ref& dst, const array_ref& src, stream_ref<D> stream)
+{
+  if (dst.type == src.type) {
+    switch (size_of(dst.type)) {
+      case 1: return copy_same<D, std::uint8_t>(dst, src, stream);
+      case 2: return copy_same<D, std::uint16_t>(dst, src, stream);
+      case 4: return copy_same<D, std::uint32_t>(dst, src, stream);
+      default: return copy_same<D, std::uint64_t>(dst, src, stream);
+    }
+  }
+  visit_dtype(dst.type, [&](auto to) {
+    visit_dtype(src.type, [&](auto from) {
+      copy_converting<D, typename decltype(to)::type, typename decltype(from)::type>(dst, src, stream);
+    });
+  });
+}
+
+}  // namespace
+}  // namespace ops::detail
+
+template <device D>
+void kernels::copy(const array_ref& dst, const array_ref& src, stream_ref<D> stream)
+{
+  DEPOT_EXPECTS(dst.same_shape(src), "depot::copy: shapes differ: destination " + dst.to_string() +
+                                         ", source " + src.to_string());
+  if (dst.numel() == 0) return;
+  DEPOT_EXPECTS(dst.data != nullptr && src.data != nullptr, "depot::copy: null data");
+  if (dst.data == src.data && dst.type == src.type && dst.strides == src.strides) return;
+  ops::ensure_kokkos();
+  ops::detail::copy_dispatch<D>(dst, src, stream);
+}
+
+template void kernels::copy<host>(const array_ref&, const array_ref&, stream_ref<host>);
+#if DEPOT_HAS_CUDA
+template void kernels::copy<cuda>(const array_ref&, const array_ref&, stream_ref<cuda>);
+#endif
+#if DEPOT_HAS_HIP
+template void kernels::copy<hip>(const array_ref&, const array_ref&, stream_ref<hip>);
+#endif
+
+}  // namespace depot

@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+// kernels::count_true and kernels::masked_select (stream compaction with a parallel scan:
+// each selected element's output position is the number of true mask elements before it).
+#include "kokkos/kernel_support.hpp"
+
+#include <depot/storage/element_kernels.hpp>
+
+#include <string>
+
+namespace depot {
+namespace ops::detail {
+namespace {
+
+void check_mask(const char* what, const array_ref& mask)
+{
+  DEPOT_EXPECTS(mask.type == dtype::bool_ || mask.type == dtype::uint8,
+                std::string{what} + ": the mask must be bool (or uint8), got " + std::string{to_string(mask.type)});
+}
+
+template <class D, class U, class I>
+void select_kernel(const array_ref& dst, const array_ref& src, const array_ref& mask, stream_ref<D> stream)
+{
+  const array_ref* arrays[2] = {&src, &mask};
+  const auto s = coalesce<2>(arrays);
+  const bool dense = s.rank <= 1 && (s.rank == 0 || (s.strides[0][0] == 1 && s.strides[1][0] == 1));
+  auto* d = static_cast<U*>(dst.data);
+  const I dstride = static_cast<I>(dst.strides[0]);
+  const auto* v = static_cast<const U*>(src.data);
+  const auto* m = static_cast<const std::uint8_t*>(mask.data);
+  const I n = static_cast<I>(src.numel());
+  Kokkos::parallel_scan("depot::masked_select", make_range<D, I>(stream, n),
+                        KOKKOS_LAMBDA(I i, I & before, const bool final) {
+                          I off[2] = {i, i};
+                          if (!dense) s.offsets(i, off);
+                          const bool take = m[off[1]] != 0;
+                          if (final && take) d[before * dstride] = v[off[0]];
+                          before += take ? 1 : 0;
+                        });
+}
+
+}  // namespace
+}  // namespace ops::detail
+
+template <device D>
+std::int64_t kernels::count_true(const array_ref& mask, stream_ref<D> stream)
+{
+  ops::detail::check_mask("depot::count_true", mask);
+  const std::int64_t n = mask.numel();
+  if (n == 0) return 0;
+  ops::ensure_kokkos();
+  const array_ref* arrays[1] = {&mask};
+  const auto s = ops::detail::coalesce<1>(arrays);
+  const auto* m = static_cast<const std::uint8_t*>(mask.data);
+  std::int64_t count = 0;
+  Kokkos::parallel_reduce(
+      "depot::count_true", ops::detail::make_range<D, std::int64_t>(stream, n),
+      KOKKOS_LAMBDA(std::int64_t i, std::int64_t & c) {
+        std::int64_t off[1];
+        s.offsets(i, off);
+        c += m[off[0]] != 0 ? 1 : 0;
+      },
+      count);
+  ops::detail::wait(stream);
+  return count;
+}
+
+template <device D>
+void kernels::masked_select(const array_ref& dst, const array_ref& src, const array_ref& mask, stream_ref<D> stream)
+{
+  ops::detail::check_mask("depot::masked_select", mask);
+  DEPOT_EXPECTS(src.same_shape(mask), "depot::masked_select: the mask " + mask.to_string() +
+                                          " does not have the source's shape " + src.to_string());
+  DEPOT_EXPECTS(dst.type == src.type, "depot::masked_select: dtypes differ: destination " +
+                                          std::string{to_string(dst.type)} + ", source " +
+                                          std::string{to_string(src.type)});
+  DEPOT_EXPECTS(dst.rank == 1, "depot::masked_select: the destination must be 1-D, got " + dst.to_string());
+  const std::int64_t n = src.numel();
+  if (n == 0) return;
+  const std::int64_t selected = count_true<D>(mask, stream);
+  DEPOT_EXPECTS(dst.shape[0] == selected, "depot::masked_select: the destination has " + std::to_string(dst.shape[0]) +
+                                              " elements but the mask selects " + std::to_string(selected));
+  if (selected == 0) return;
+  const bool small = n < (std::int64_t{1} << 31) && std::abs(dst.strides[0]) * selected < (std::int64_t{1} << 31);
+  const auto run = [&](auto tag) {
+    using U = typename decltype(tag)::type;
+    if (small) {
+      ops::detail::select_kernel<D, U, std::int32_t>(dst, src, mask, stream);
+    } else {
+      ops::detail::select_kernel<D, U, std::int64_t>(dst, src, mask, stream);
+    }
+  };
+  switch (size_of(src.type)) {
+    case 1: return run(type_tag<std::uint8_t>{});
+    case 2: return run(type_tag<std::uint16_t>{});
+    case 4: return run(type_tag<std::uint32_t>{});
+    default: return run(type_tag<std::uint64_t>{});
+  }
+}
+
+template <device D>
+void kernels::fence(stream_ref<D> stream)
+{
+  ops::ensure_kokkos();
+  ops::detail::wait(stream);
+}
+
+#define DEPOT_MASKED_DEFINE(D)                                                         \
+  template void kernels::fence<D>(stream_ref<D>);                                      \
+  template std::int64_t kernels::count_true<D>(const array_ref&, stream_ref<D>);       \
+  template void kernels::masked_select<D>(const array_ref&, const array_ref&, const array_ref&, stream_ref<D>);
+DEPOT_MASKED_DEFINE(host)
+#if DEPOT_HAS_CUDA
+DEPOT_MASKED_DEFINE(cuda)
+#endif
+#if DEPOT_HAS_HIP
+DEPOT_MASKED_DEFINE(hip)
+#endif
+
+}  // namespace depot

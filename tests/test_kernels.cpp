@@ -1,0 +1,559 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+// ops/ kernels against plain reference loops on the host: random shapes, strides (slices
+// with steps, permutations, negative steps), every dtype; outputs poisoned first so an
+// unwritten element fails, and elements outside the output checked untouched.
+#include "test_devices.hpp"
+
+#include <doctest/doctest.h>
+
+#include <depot/hal/index_error.hpp>
+#include <depot/hal/invalid_argument.hpp>
+#include <depot/hal/runtime.hpp>
+#include <depot/ops/copy.hpp>
+#include <depot/ops/fill.hpp>
+#include <depot/ops/gather.hpp>
+#include <depot/ops/masked_fill.hpp>
+#include <depot/ops/masked_select.hpp>
+#include <depot/ops/scatter.hpp>
+#include <depot/storage/dtype.hpp>
+#include <depot/storage/strided_view.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using depot::array_ref;
+using depot::dtype;
+using depot::layout;
+
+// A byte buffer on device D holding `n` elements of `t`, with a host mirror.
+template <depot::device D>
+struct buffer {
+  dtype type;
+  std::int64_t n;
+  depot::storage<std::uint8_t, D> mem;
+  buffer(dtype t, std::int64_t count)
+      : type{t}, n{count}, mem{static_cast<std::size_t>(std::max<std::int64_t>(count, 1)) * depot::size_of(t)}
+  {
+  }
+  [[nodiscard]] void* base() const
+  {
+    if constexpr (std::is_same_v<D, depot::host>) {
+      return mem.host_ptr();
+    } else {
+      return mem.device_ptr();
+    }
+  }
+  [[nodiscard]] std::vector<std::uint8_t> read() const
+  {
+    std::vector<std::uint8_t> out(mem.size());
+    depot::runtime<D>::copy(out.data(), base(), out.size());
+    return out;
+  }
+  void write(const std::vector<std::uint8_t>& bytes) const { depot::runtime<D>::copy(base(), bytes.data(), bytes.size()); }
+  [[nodiscard]] array_ref ref(const layout& l) const { return array_ref::of(base(), type, l); }
+};
+
+// Random bytes that are valid values of t (bool: 0 or 1; floats: finite, small).
+std::vector<std::uint8_t> random_values(dtype t, std::int64_t n, std::mt19937_64& rng)
+{
+  const std::size_t es = depot::size_of(t);
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * es);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double v = static_cast<double>(static_cast<std::int64_t>(rng() % 200) - 100) / (depot::is_floating_point(t) ? 4.0 : 1.0);
+    depot::visit_dtype(t, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      T x;
+      if constexpr (std::is_same_v<T, bool>) {
+        x = (rng() & 1) != 0;
+      } else if constexpr (std::is_same_v<T, depot::float16> || std::is_same_v<T, depot::bfloat16>) {
+        x = T{static_cast<float>(v)};
+      } else {
+        x = static_cast<T>(v);
+      }
+      std::memcpy(out.data() + static_cast<std::size_t>(i) * es, &x, es);
+    });
+  }
+  return out;
+}
+
+// The host reference of a conversion (what ops' convert does).
+void convert_one(dtype to, void* dst, dtype from, const void* src)
+{
+  depot::visit_dtype(from, [&](auto ftag) {
+    using F = typename decltype(ftag)::type;
+    F f;
+    std::memcpy(&f, src, sizeof(F));
+    depot::visit_dtype(to, [&](auto ttag) {
+      using T = typename decltype(ttag)::type;
+      T t;
+      if constexpr (std::is_same_v<F, depot::float16> || std::is_same_v<F, depot::bfloat16>) {
+        const float x = static_cast<float>(f);
+        if constexpr (std::is_same_v<T, depot::float16> || std::is_same_v<T, depot::bfloat16>) t = T{x};
+        else if constexpr (std::is_same_v<T, bool>) t = x != 0.0F;
+        else t = static_cast<T>(x);
+      } else if constexpr (std::is_same_v<T, depot::float16> || std::is_same_v<T, depot::bfloat16>) {
+        t = T{static_cast<float>(f)};
+      } else if constexpr (std::is_same_v<T, bool>) {
+        t = f != F{0};
+      } else {
+        t = static_cast<T>(f);
+      }
+      std::memcpy(dst, &t, sizeof(T));
+    });
+  });
+}
+
+// Element offsets of l in row-major order.
+std::vector<std::int64_t> offsets_of(const layout& l)
+{
+  std::vector<std::int64_t> out;
+  const std::int64_t n = l.numel();
+  out.reserve(static_cast<std::size_t>(n));
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(l.rank()), 0);
+  for (std::int64_t k = 0; k < n; ++k) {
+    std::int64_t off = l.offset();
+    for (int d = 0; d < l.rank(); ++d) off += idx[static_cast<std::size_t>(d)] * l.stride(d);
+    out.push_back(off);
+    for (int d = l.rank() - 1; d >= 0; --d) {
+      if (++idx[static_cast<std::size_t>(d)] < l.size(d)) break;
+      idx[static_cast<std::size_t>(d)] = 0;
+    }
+  }
+  return out;
+}
+
+// A random view of `shape` inside a larger contiguous base: each dimension sliced with a
+// random start and step (sometimes negative), then a random permutation undone so the
+// view's shape is `shape`. Returns the layout and the base element count.
+std::pair<layout, std::int64_t> random_layout(const std::vector<std::int64_t>& shape, std::mt19937_64& rng, bool dense = false)
+{
+  const int r = static_cast<int>(shape.size());
+  std::vector<int> perm(static_cast<std::size_t>(r));
+  for (int d = 0; d < r; ++d) perm[static_cast<std::size_t>(d)] = d;
+  if (!dense) std::shuffle(perm.begin(), perm.end(), rng);
+  // Base shape in permuted order, with room for steps and starts.
+  std::vector<std::int64_t> base(static_cast<std::size_t>(r)), step(static_cast<std::size_t>(r)), start(static_cast<std::size_t>(r));
+  for (int k = 0; k < r; ++k) {
+    const std::int64_t n = shape[static_cast<std::size_t>(perm[static_cast<std::size_t>(k)])];
+    const std::int64_t s = dense ? 1 : 1 + static_cast<std::int64_t>(rng() % 3);
+    const std::int64_t extra = dense ? 0 : static_cast<std::int64_t>(rng() % 3);
+    step[static_cast<std::size_t>(k)] = (!dense && rng() % 4 == 0) ? -s : s;
+    base[static_cast<std::size_t>(k)] = std::max<std::int64_t>(n, 1) * s + extra;
+    start[static_cast<std::size_t>(k)] = extra;
+  }
+  layout l = layout::contiguous(layout::extents{base.data(), base.size()});
+  std::int64_t total = l.numel();
+  for (int k = 0; k < r; ++k) {
+    const auto u = static_cast<std::size_t>(k);
+    const std::int64_t n = shape[static_cast<std::size_t>(perm[u])];
+    const std::int64_t s = step[u];
+    if (s > 0) {
+      l = l.slice(k, start[u], start[u] + n * s, s);
+    } else {
+      const std::int64_t first = start[u] + (n - 1) * (-s);
+      const std::int64_t stop = first - n * (-s);
+      l = l.slice(k, first, n == 0 ? first : (stop < 0 ? layout::slice_end : stop), s);
+    }
+  }
+  std::vector<int> inverse(static_cast<std::size_t>(r));
+  for (int k = 0; k < r; ++k) inverse[static_cast<std::size_t>(perm[static_cast<std::size_t>(k)])] = k;
+  l = l.permute(std::span<const int>{inverse.data(), inverse.size()});
+  for (int d = 0; d < r; ++d) REQUIRE(l.size(d) == shape[static_cast<std::size_t>(d)]);
+  return {l, total};
+}
+
+std::vector<std::int64_t> random_shape(std::mt19937_64& rng, int max_rank = 4, std::int64_t max_size = 9)
+{
+  const int r = 1 + static_cast<int>(rng() % static_cast<unsigned>(max_rank));
+  std::vector<std::int64_t> s(static_cast<std::size_t>(r));
+  for (auto& n : s) n = static_cast<std::int64_t>(rng() % static_cast<unsigned>(max_size + 1));
+  if (rng() % 3 == 0) {
+    for (auto& n : s) n = std::max<std::int64_t>(n, 1);  // no empty dimension most of the time
+  }
+  return s;
+}
+
+constexpr std::uint8_t poison = 0xCD;
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("ops: copy between any layouts and dtypes matches a reference loop", D, DEPOT_TEST_DEVICES)
+{
+  std::mt19937_64 rng{depot::test::seed("ops copy", 20261122)};
+  for (int trial = 0; trial < 400; ++trial) {
+    const auto shape = random_shape(rng);
+    const dtype st = depot::all_dtypes[rng() % depot::all_dtypes.size()];
+    const dtype dt = trial % 2 == 0 ? st : depot::all_dtypes[rng() % depot::all_dtypes.size()];
+    auto [sl, sn] = random_layout(shape, rng, trial % 7 == 0);
+    auto [dl, dn] = random_layout(shape, rng, trial % 5 == 0);
+    CAPTURE(trial);
+    CAPTURE(sl.to_string());
+    CAPTURE(dl.to_string());
+    buffer<D> src{st, sn}, dst{dt, dn};
+    const auto sv = random_values(st, sn, rng);
+    src.write(sv);
+    std::vector<std::uint8_t> expect(dst.mem.size(), poison);
+    dst.write(expect);
+    const auto so = offsets_of(sl), dof = offsets_of(dl);
+    for (std::size_t k = 0; k < so.size(); ++k) {
+      convert_one(dt, expect.data() + dof[k] * static_cast<std::int64_t>(depot::size_of(dt)), st,
+                  sv.data() + so[k] * static_cast<std::int64_t>(depot::size_of(st)));
+    }
+    depot::kernels::copy<D>(dst.ref(dl), src.ref(sl), {});
+    depot::kernels::fence<D>({});
+    REQUIRE(dst.read() == expect);
+  }
+}
+
+TEST_CASE_TEMPLATE("ops: permuted copies take the tiled path and match", D, DEPOT_TEST_DEVICES)
+{
+  std::mt19937_64 rng{depot::test::seed("ops transpose", 7)};
+  for (auto shape : {std::vector<std::int64_t>{37, 45}, std::vector<std::int64_t>{3, 64, 33},
+                     std::vector<std::int64_t>{130, 9}, std::vector<std::int64_t>{2, 3, 40, 50}}) {
+    for (dtype t : {dtype::uint8, dtype::float16, dtype::float32, dtype::float64}) {
+      const layout sl = layout::contiguous(layout::extents{shape.data(), shape.size()});
+      // The destination's fastest dimension is the source's first (a transpose of the last two).
+      const int r = static_cast<int>(shape.size());
+      std::vector<std::int64_t> tshape = shape;
+      std::swap(tshape[static_cast<std::size_t>(r - 1)], tshape[static_cast<std::size_t>(r - 2)]);
+      const layout dl = layout::contiguous(layout::extents{tshape.data(), tshape.size()}).transpose(r - 1, r - 2);
+      buffer<D> src{t, sl.numel()}, dst{t, dl.numel()};
+      const auto sv = random_values(t, sl.numel(), rng);
+      src.write(sv);
+      dst.write(std::vector<std::uint8_t>(dst.mem.size(), poison));
+      depot::kernels::copy<D>(dst.ref(dl), src.ref(sl), {});
+      depot::kernels::fence<D>({});
+      std::vector<std::uint8_t> expect(dst.mem.size(), poison);
+      const auto so = offsets_of(sl), dof = offsets_of(dl);
+      const std::size_t es = depot::size_of(t);
+      for (std::size_t k = 0; k < so.size(); ++k) {
+        std::memcpy(expect.data() + static_cast<std::size_t>(dof[k]) * es, sv.data() + static_cast<std::size_t>(so[k]) * es, es);
+      }
+      CHECK(dst.read() == expect);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("ops: fill and masked_fill write exactly their elements", D, DEPOT_TEST_DEVICES)
+{
+  std::mt19937_64 rng{depot::test::seed("ops fill", 99)};
+  for (int trial = 0; trial < 200; ++trial) {
+    auto shape = random_shape(rng, 4, trial % 10 == 0 ? 300 : 9);
+    if (shape.size() > 2 && trial % 10 == 0) shape.resize(2);
+    const dtype t = depot::all_dtypes[rng() % depot::all_dtypes.size()];
+    auto [l, n] = random_layout(shape, rng, trial % 3 == 0);
+    CAPTURE(l.to_string());
+    buffer<D> b{t, n};
+    b.write(std::vector<std::uint8_t>(b.mem.size(), poison));
+    const auto value = random_values(t, 1, rng);
+    std::vector<std::uint8_t> expect(b.mem.size(), poison);
+    const std::size_t es = depot::size_of(t);
+    if (trial % 2 == 0) {
+      depot::kernels::fill<D>(b.ref(l), value.data(), {});
+      for (auto off : offsets_of(l)) std::memcpy(expect.data() + static_cast<std::size_t>(off) * es, value.data(), es);
+    } else {
+      auto [ml, mn] = random_layout(shape, rng);
+      buffer<D> mask{dtype::bool_, mn};
+      const auto mv = random_values(dtype::bool_, mn, rng);
+      mask.write(mv);
+      depot::kernels::masked_fill<D>(b.ref(l), mask.ref(ml), value.data(), {});
+      const auto lo = offsets_of(l), mo = offsets_of(ml);
+      for (std::size_t k = 0; k < lo.size(); ++k) {
+        if (mv[static_cast<std::size_t>(mo[k])]) std::memcpy(expect.data() + static_cast<std::size_t>(lo[k]) * es, value.data(), es);
+      }
+    }
+    depot::kernels::fence<D>({});
+    REQUIRE(b.read() == expect);
+  }
+}
+
+TEST_CASE_TEMPLATE("ops: gather and scatter along a dimension match reference loops", D, DEPOT_TEST_DEVICES)
+{
+  std::mt19937_64 rng{depot::test::seed("ops gather/scatter", 4242)};
+  for (int trial = 0; trial < 300; ++trial) {
+    auto shape = random_shape(rng, 3, 9);
+    if (trial % 6 == 0) shape = {static_cast<std::int64_t>(5 + rng() % 20), 64};  // rows: the 16-byte path
+    const int r = static_cast<int>(shape.size());
+    const int dim = static_cast<int>(rng() % static_cast<unsigned>(r));
+    const dtype t = trial % 6 == 0 ? dtype::float32 : depot::all_dtypes[rng() % depot::all_dtypes.size()];
+    const dtype it = rng() % 2 ? dtype::int32 : dtype::int64;
+    const std::int64_t extent = shape[static_cast<std::size_t>(dim)];
+    const std::int64_t m = extent == 0 ? 0 : static_cast<std::int64_t>(rng() % 12);
+    std::vector<std::int64_t> idx(static_cast<std::size_t>(m));
+    for (auto& v : idx) v = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(2 * extent)) - extent;  // [-extent, extent)
+    std::vector<std::uint8_t> idx_bytes(static_cast<std::size_t>(std::max<std::int64_t>(m, 1)) * depot::size_of(it));
+    for (std::int64_t j = 0; j < m; ++j) {
+      if (it == dtype::int32) {
+        const auto v = static_cast<std::int32_t>(idx[static_cast<std::size_t>(j)]);
+        std::memcpy(idx_bytes.data() + j * 4, &v, 4);
+      } else {
+        std::memcpy(idx_bytes.data() + j * 8, &idx[static_cast<std::size_t>(j)], 8);
+      }
+    }
+    buffer<D> index{it, m};
+    index.write(idx_bytes);
+    const layout il = layout::contiguous({m});
+    auto oshape = shape;
+    oshape[static_cast<std::size_t>(dim)] = m;
+    auto [sl, sn] = random_layout(shape, rng, trial % 6 == 0);
+    auto [ol, on] = random_layout(oshape, rng, trial % 6 == 0);
+    CAPTURE(trial);
+    CAPTURE(sl.to_string());
+    CAPTURE(ol.to_string());
+    CAPTURE(dim);
+    const std::size_t es = depot::size_of(t);
+    const auto so = offsets_of(sl), oo = offsets_of(ol);
+    // Row-major position in the output -> position in the source (dim replaced by the index).
+    std::vector<std::int64_t> ostrides(static_cast<std::size_t>(r)), sstrides(static_cast<std::size_t>(r));
+    std::int64_t a = 1, b = 1;
+    for (int d = r - 1; d >= 0; --d) {
+      ostrides[static_cast<std::size_t>(d)] = a;
+      sstrides[static_cast<std::size_t>(d)] = b;
+      a *= oshape[static_cast<std::size_t>(d)];
+      b *= shape[static_cast<std::size_t>(d)];
+    }
+    auto source_pos = [&](std::int64_t k) {
+      std::int64_t pos = 0;
+      for (int d = 0; d < r; ++d) {
+        std::int64_t c = k / ostrides[static_cast<std::size_t>(d)] % oshape[static_cast<std::size_t>(d)];
+        if (d == dim) c = idx[static_cast<std::size_t>(c)] < 0 ? idx[static_cast<std::size_t>(c)] + extent : idx[static_cast<std::size_t>(c)];
+        pos += c * sstrides[static_cast<std::size_t>(d)];
+      }
+      return pos;
+    };
+    // gather
+    {
+      buffer<D> src{t, sn}, out{t, on};
+      const auto sv = random_values(t, sn, rng);
+      src.write(sv);
+      std::vector<std::uint8_t> expect(out.mem.size(), poison);
+      out.write(expect);
+      for (std::size_t k = 0; k < oo.size(); ++k) {
+        std::memcpy(expect.data() + static_cast<std::size_t>(oo[k]) * es,
+                    sv.data() + static_cast<std::size_t>(so[static_cast<std::size_t>(source_pos(static_cast<std::int64_t>(k)))]) * es, es);
+      }
+      depot::kernels::gather<D>(out.ref(ol), src.ref(sl), dim, index.ref(il), {});
+      depot::kernels::fence<D>({});
+      REQUIRE(out.read() == expect);
+    }
+    // scatter: assign with unique indices; add and add_deterministic with repeats (integers
+    // exact; floats exact for the deterministic mode, whose order is the index order).
+    for (auto mode : {depot::scatter_mode::assign, depot::scatter_mode::add, depot::scatter_mode::add_deterministic}) {
+      if (mode != depot::scatter_mode::assign && t == dtype::bool_) continue;
+      if (mode == depot::scatter_mode::add && depot::is_floating_point(t)) continue;  // order-dependent rounding
+      std::vector<std::int64_t> wrapped(idx.size());
+      for (std::size_t j = 0; j < idx.size(); ++j) wrapped[j] = idx[j] < 0 ? idx[j] + extent : idx[j];
+      auto sorted = wrapped;
+      std::sort(sorted.begin(), sorted.end());
+      if (mode == depot::scatter_mode::assign && std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) continue;
+      buffer<D> dst{t, sn}, src{t, on};
+      const auto dv = random_values(t, sn, rng);
+      const auto sv = random_values(t, on, rng);
+      dst.write(dv);
+      src.write(sv);
+      std::vector<std::uint8_t> expect = dv;
+      for (std::size_t k = 0; k < oo.size(); ++k) {
+        std::uint8_t* target = expect.data() + static_cast<std::size_t>(so[static_cast<std::size_t>(source_pos(static_cast<std::int64_t>(k)))]) * es;
+        const std::uint8_t* value = sv.data() + static_cast<std::size_t>(oo[k]) * es;
+        if (mode == depot::scatter_mode::assign) {
+          std::memcpy(target, value, es);
+        } else {
+          depot::visit_dtype(t, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            if constexpr (!std::is_same_v<T, bool>) {
+              T x, y;
+              std::memcpy(&x, target, sizeof(T));
+              std::memcpy(&y, value, sizeof(T));
+              T z;
+              if constexpr (std::is_same_v<T, depot::float16> || std::is_same_v<T, depot::bfloat16>) z = T{static_cast<float>(x) + static_cast<float>(y)};
+              else z = static_cast<T>(x + y);
+              std::memcpy(target, &z, sizeof(T));
+            }
+          });
+        }
+      }
+      depot::kernels::scatter<D>(dst.ref(sl), dim, index.ref(il), src.ref(ol), mode, {});
+      depot::kernels::fence<D>({});
+      CAPTURE(static_cast<int>(mode));
+      REQUIRE(dst.read() == expect);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("ops: out-of-range indices are refused before anything is written", D, DEPOT_TEST_DEVICES)
+{
+  buffer<D> src{dtype::float32, 12}, out{dtype::float32, 8}, index{dtype::int64, 2};
+  const layout sl = layout::contiguous({3, 4}), ol = layout::contiguous({2, 4}), il = layout::contiguous({2});
+  const std::vector<std::uint8_t> before(out.mem.size(), poison);
+  out.write(before);
+  for (std::int64_t bad : {3, -4, 1000}) {
+    std::vector<std::int64_t> idx{1, bad};
+    std::vector<std::uint8_t> bytes(16);
+    std::memcpy(bytes.data(), idx.data(), 16);
+    index.write(bytes);
+    try {
+      depot::kernels::gather<D>(out.ref(ol), src.ref(sl), 0, index.ref(il), {});
+      FAIL("a bad index was accepted");
+    } catch (const depot::index_error& e) {
+      CHECK(e.index() == bad);
+      CHECK(e.position() == 1);
+      CHECK(e.dimension() == 0);
+      CHECK(e.size() == 3);
+      CHECK(std::string{e.what()}.find("valid: -3..2") != std::string::npos);
+    }
+    CHECK(out.read() == before);
+    CHECK_THROWS_AS(depot::kernels::scatter<D>(src.ref(sl), 0, index.ref(il), out.ref(ol), depot::scatter_mode::add, {}),
+                    depot::index_error);
+  }
+  // Shape, dtype and rank mismatches.
+  CHECK_THROWS_AS(depot::kernels::gather<D>(out.ref(layout::contiguous({2, 3})), src.ref(sl), 0, index.ref(il), {}),
+                  depot::invalid_argument);
+  CHECK_THROWS_AS(depot::kernels::gather<D>(out.ref(ol), src.ref(sl), 2, index.ref(il), {}), depot::invalid_argument);
+  buffer<D> fidx{dtype::float32, 2};
+  CHECK_THROWS_AS(depot::kernels::gather<D>(out.ref(ol), src.ref(sl), 0, fidx.ref(il), {}), depot::invalid_argument);
+  buffer<D> other{dtype::float64, 8};
+  CHECK_THROWS_AS(depot::kernels::gather<D>(other.ref(ol), src.ref(sl), 0, index.ref(il), {}), depot::invalid_argument);
+  CHECK_THROWS_AS(depot::kernels::copy<D>(out.ref(ol), src.ref(sl), {}), depot::invalid_argument);
+  buffer<D> b{dtype::bool_, 8};
+  CHECK_THROWS_AS(depot::kernels::scatter<D>(b.ref(sl.slice(0, 0, 2)), 0, index.ref(il), b.ref(ol), depot::scatter_mode::add, {}),
+                  depot::invalid_argument);
+  CHECK(out.read() == before);
+}
+
+TEST_CASE_TEMPLATE("ops: take and put by element offsets", D, DEPOT_TEST_DEVICES)
+{
+  std::mt19937_64 rng{depot::test::seed("ops take/put", 31)};
+  const std::int64_t n = 1000, m = 257;
+  buffer<D> base{dtype::int32, n}, out{dtype::int32, m}, offs{dtype::int64, m};
+  const auto bv = random_values(dtype::int32, n, rng);
+  base.write(bv);
+  std::vector<std::int64_t> o(static_cast<std::size_t>(m));
+  for (auto& v : o) v = static_cast<std::int64_t>(rng() % 1000);
+  std::vector<std::uint8_t> ob(static_cast<std::size_t>(m) * 8);
+  std::memcpy(ob.data(), o.data(), ob.size());
+  offs.write(ob);
+  const layout ml = layout::contiguous({m});
+  depot::kernels::take<D>(out.ref(ml), base.ref(layout::contiguous({n})), offs.ref(ml), 0, n - 1, {});
+  depot::kernels::fence<D>({});
+  const auto got = out.read();
+  for (std::int64_t k = 0; k < m; ++k) {
+    REQUIRE(std::memcmp(got.data() + k * 4, bv.data() + o[static_cast<std::size_t>(k)] * 4, 4) == 0);
+  }
+  // put with accumulation, both modes, against a host sum.
+  for (auto mode : {depot::scatter_mode::add, depot::scatter_mode::add_deterministic}) {
+    base.write(bv);
+    depot::kernels::put<D>(base.ref(layout::contiguous({n})), offs.ref(ml), 0, n - 1, out.ref(ml), mode, {});
+    depot::kernels::fence<D>({});
+    std::vector<std::int32_t> expect(static_cast<std::size_t>(n));
+    std::memcpy(expect.data(), bv.data(), static_cast<std::size_t>(n) * 4);
+    for (std::int64_t k = 0; k < m; ++k) {
+      std::int32_t v;
+      std::memcpy(&v, got.data() + k * 4, 4);
+      expect[static_cast<std::size_t>(o[static_cast<std::size_t>(k)])] += v;
+    }
+    const auto after = base.read();
+    REQUIRE(std::memcmp(after.data(), expect.data(), static_cast<std::size_t>(n) * 4) == 0);
+  }
+  // An offset outside [lo, hi]: refused, nothing written.
+  o[100] = n;
+  std::memcpy(ob.data(), o.data(), ob.size());
+  offs.write(ob);
+  base.write(bv);
+  CHECK_THROWS_WITH_AS(depot::kernels::put<D>(base.ref(layout::contiguous({n})), offs.ref(ml), 0, n - 1, out.ref(ml),
+                                              depot::scatter_mode::assign, {}),
+                       doctest::Contains("position 100"), depot::invalid_argument);
+  CHECK(base.read() == bv);
+}
+
+TEST_CASE_TEMPLATE("ops: masked_select compacts in order, including empty selections", D, DEPOT_TEST_DEVICES)
+{
+  std::mt19937_64 rng{depot::test::seed("ops masked_select", 5)};
+  for (int trial = 0; trial < 120; ++trial) {
+    auto shape = random_shape(rng, 3, trial % 10 == 0 ? 200 : 9);
+    const dtype t = depot::all_dtypes[rng() % depot::all_dtypes.size()];
+    auto [sl, sn] = random_layout(shape, rng);
+    auto [ml, mn] = random_layout(shape, rng);
+    buffer<D> src{t, sn}, mask{dtype::bool_, mn};
+    const auto sv = random_values(t, sn, rng);
+    auto mv = random_values(dtype::bool_, mn, rng);
+    if (trial % 7 == 0) std::fill(mv.begin(), mv.end(), 0);  // nothing selected
+    src.write(sv);
+    mask.write(mv);
+    const auto so = offsets_of(sl), mo = offsets_of(ml);
+    std::vector<std::uint8_t> expect;
+    const std::size_t es = depot::size_of(t);
+    for (std::size_t k = 0; k < so.size(); ++k) {
+      if (mv[static_cast<std::size_t>(mo[k])]) {
+        expect.insert(expect.end(), sv.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(so[k]) * es),
+                      sv.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(so[k] + 1) * es));
+      }
+    }
+    const std::int64_t count = depot::kernels::count_true<D>(mask.ref(ml), {});
+    REQUIRE(count * static_cast<std::int64_t>(es) == static_cast<std::int64_t>(expect.size()));
+    buffer<D> out{t, count};
+    depot::kernels::masked_select<D>(out.ref(layout::contiguous({count})), src.ref(sl), mask.ref(ml), {});
+    depot::kernels::fence<D>({});
+    auto got = out.read();
+    got.resize(expect.size());
+    REQUIRE(got == expect);
+  }
+  // Through the typed API, and a mask of the wrong shape.
+  auto x = depot::strided_view<float, D>::empty({4, 5});
+  depot::ops::fill(x, 2.5F);
+  auto m = depot::strided_view<bool, D>::empty({4, 5});
+  depot::ops::fill(m, false);
+  depot::ops::fill(m.slice(1, 0, 5, 2), true);
+  const auto picked = depot::ops::masked_select(x, m);
+  CHECK(picked.numel() == 12);
+  for (float v : picked.to_host_vector()) CHECK(v == 2.5F);
+  auto wrong = depot::strided_view<bool, D>::empty({5, 4});
+  CHECK_THROWS_AS((void)depot::ops::masked_select(x, wrong), depot::invalid_argument);
+}
+
+TEST_CASE_TEMPLATE("ops: typed API: copy with conversion, index_select, index_add", D, DEPOT_TEST_DEVICES)
+{
+  auto a = depot::strided_view<std::int32_t, D>::empty({3, 4});
+  depot::ops::fill(a, 7);
+  auto b = depot::strided_view<double, D>::empty({4, 3});
+  depot::ops::copy(b, a.transpose(0, 1));
+  for (double v : b.to_host_vector()) CHECK(v == 7.0);
+  auto idx = depot::strided_view<std::int64_t, D>::empty({2});
+  depot::ops::fill(idx.slice(0, 0, 1), std::int64_t{-1});
+  depot::ops::fill(idx.slice(0, 1, 2), std::int64_t{0});
+  const auto rows = depot::ops::index_select(b, 0, idx);
+  CHECK(rows.numel() == 6);
+  depot::ops::index_add(b, 0, idx, rows);
+  const auto h = b.to_host_vector();
+  CHECK(h[0] == 14.0);
+  CHECK(h[3] == 7.0);
+  CHECK(h[9] == 14.0);
+}
+
+TEST_CASE_TEMPLATE("ops: more than 2^32 elements take the 64-bit paths", D, DEPOT_TEST_DEVICES)
+{
+  if constexpr (!depot::is_gpu_v<D>) {
+    MESSAGE("host: skipped here (4 GiB per buffer); runs on the GPU backend");
+  } else {
+    const std::int64_t n = (std::int64_t{1} << 32) + 1000;
+    auto x = depot::strided_view<std::uint8_t, D>::empty({n});
+    depot::ops::fill(x, std::uint8_t{3});
+    depot::ops::fill(x.slice(0, n - 7, n), std::uint8_t{9});
+    auto tail = x.slice(0, n - 10, n).to_host_vector();
+    CHECK(tail == std::vector<std::uint8_t>{3, 3, 3, 9, 9, 9, 9, 9, 9, 9});
+    auto idx = depot::strided_view<std::int64_t, D>::empty({2});
+    depot::ops::fill(idx.slice(0, 0, 1), n - 1);
+    depot::ops::fill(idx.slice(0, 1, 2), std::int64_t{-(n - 5)});  // element 5
+    CHECK(depot::ops::index_select(x, 0, idx).to_host_vector() == std::vector<std::uint8_t>{9, 3});
+    auto m = depot::strided_view<bool, D>::empty({n});
+    depot::ops::fill(m, false);
+    depot::ops::fill(m.slice(0, n - 3, n), true);
+    CHECK(depot::ops::masked_select(x, m).to_host_vector() == std::vector<std::uint8_t>{9, 9, 9});
+  }
+}
