@@ -18,9 +18,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,7 +79,8 @@ double run_workload(const allocator_under_test& a, std::size_t n, std::size_t ma
 
 template <device D>
 std::vector<allocator_under_test> allocators_for(int device, std::size_t cap,
-                                                 std::unique_ptr<caching_allocator<D>>& depot_pool)
+                                                 std::unique_ptr<caching_allocator<D>>& depot_pool,
+                                                 std::size_t trace_capacity = 0)
 {
   std::vector<allocator_under_test> out;
   out.push_back({"depot",
@@ -85,8 +88,10 @@ std::vector<allocator_under_test> allocators_for(int device, std::size_t cap,
                    return depot_pool->allocate(n, stream_ref<D>{s});
                  },
                  [&depot_pool](void* p, native_stream s) { depot_pool->deallocate(p, stream_ref<D>{s}); },
-                 [&depot_pool, device] {
-                   depot_pool = std::make_unique<caching_allocator<D>>(device, allocator_config{});
+                 [&depot_pool, device, trace_capacity] {
+                   allocator_config cfg;
+                   cfg.trace_capacity = trace_capacity;  // --trace-out
+                   depot_pool = std::make_unique<caching_allocator<D>>(device, cfg);
                  }});
   out.push_back({is_gpu_v<D> ? std::string{D::name} + "Malloc" : std::string{"malloc"},
                  [device](std::size_t n, native_stream) { return runtime<D>::allocate(n, device); },
@@ -121,7 +126,7 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
               opts.threads, opts.alloc_reps);
   std::printf("  %8s %9s", "N", "max");
   std::unique_ptr<caching_allocator<D>> depot_pool;
-  auto allocators = allocators_for<D>(device, cap, depot_pool);
+  auto allocators = allocators_for<D>(device, cap, depot_pool, opts.trace_out.empty() ? 0 : std::size_t{1} << 20);
   if (!opts.alloc_only.empty()) {
     std::erase_if(allocators, [&](const allocator_under_test& x) {
       return x.name != "depot" &&
@@ -168,6 +173,14 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
       }
       std::printf("\n");
     }
+  }
+  if (!opts.trace_out.empty() && depot_pool) {
+    // the depot allocator's last 2^20 events: those of the last configuration
+    std::ofstream out{opts.trace_out};
+    out << depot_pool->trace_json() << '\n';
+    if (!out) throw std::runtime_error("cannot write the trace to " + opts.trace_out);
+    std::printf("  depot's trace of the last configuration (%zu events) written to %s\n", depot_pool->trace().size(),
+                opts.trace_out.c_str());
   }
   depot_pool.reset();
 }

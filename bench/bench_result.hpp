@@ -26,6 +26,19 @@ struct options {
   int alloc_reps = 3;  // timed runs after one warm-up; the median is reported
   unsigned seed = 1;
   std::vector<std::string> alloc_only;  // allocator names to run (empty: all)
+  std::string trace_out;  // alloc: write the depot allocator's trace (depot.trace.v1) here
+  // replay suite
+  std::string replay_file;   // a depot trace JSON or RMM CSV log
+  std::size_t capacity = 0;  // replay on a simulated device of this many bytes (0: the real one)
+  std::string alloc_conf;    // depot allocator settings for replay (DEPOT_ALLOC_CONF syntax)
+  // staging suite
+  std::vector<std::size_t> staging_sizes{std::size_t{64} << 10, std::size_t{256} << 10,
+                                         std::size_t{1} << 20,  std::size_t{4} << 20,
+                                         std::size_t{16} << 20, std::size_t{64} << 20};
+  double compute_us = 0;        // compute per step; 0: as long as the batch's H2D copy
+  int staging_steps = 100;      // steps per loop
+  int staging_reps = 3;         // timed loops after a warm-up (median reported)
+  std::size_t staging_workers = 4;  // prefetcher workers
 };
 
 // Median of a sample of times, in the sample's unit. The sample must not be empty.
@@ -41,5 +54,8 @@ using suite_fn = nlohmann::json (*)(const options&);
 
 nlohmann::json run_info(const options& opts);
 nlohmann::json run_alloc(const options& opts);
+nlohmann::json run_replay(const options& opts);
+nlohmann::json run_ops(const options& opts);
+nlohmann::json run_staging(const options& opts);
 
 }  // namespace depot::bench

@@ -5,6 +5,7 @@
 #include "bench_result.hpp"
 
 #include <depot/config.hpp>
+#include <depot/pool/allocator_config.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 #include <exception>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -33,6 +35,12 @@ constexpr std::array suites{
           &depot::bench::run_info},
     suite{"alloc", "random_allocations: depot's pool against raw, stream-ordered and torch allocators",
           true, &depot::bench::run_alloc},
+    suite{"replay", "replays a recorded trace (depot JSON or RMM CSV) against depot and the alternatives",
+          false, &depot::bench::run_replay},
+    suite{"ops", "fill, copy, transpose, gather, scatter-add and masked_select against memset/memcpy", true,
+          &depot::bench::run_ops},
+    suite{"staging", "overlap of H2D copies with compute: serial loops against double_buffer and "
+          "prefetcher; H2D bandwidth from the pinned pool", false, &depot::bench::run_staging},
 };
 
 std::string utc_now()
@@ -95,10 +103,52 @@ int main(int argc, char** argv)
                  "alloc: run only these allocators (depot, malloc, cudaMalloc, cudaMallocAsync, "
                  "hipMalloc, hipMallocAsync, torch); depot always runs, as the reference");
 
+  app.add_option("--trace-out", opts.trace_out,
+                 "alloc: write the depot allocator's trace of the last configuration (depot.trace.v1) to this file");
+  app.add_option("--replay-file", opts.replay_file, "replay: the trace to replay (depot JSON or RMM CSV)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--capacity", opts.capacity,
+                 "replay: simulate a device of this capacity (KiB, MiB, GiB suffixes) instead of using a real one")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(std::size_t{1} << 20, std::size_t{1} << 50));
+  app.add_option("--alloc-conf", opts.alloc_conf, "replay: depot allocator settings, as DEPOT_ALLOC_CONF")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              (void)depot::allocator_config::parse(text);
+            } catch (const std::exception& e) {
+              return e.what();
+            }
+            return {};
+          },
+          "KEY:VALUE,...", "allocator config"));
+
+  app.add_option("--staging-sizes", opts.staging_sizes, "staging: batch sizes (list; KiB, MiB suffixes)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(std::size_t{1} << 10, std::size_t{1} << 32))
+      ->capture_default_str();
+  app.add_option("--compute-us", opts.compute_us,
+                 "staging: compute kernel per step in microseconds (0: as long as the batch's H2D copy)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  app.add_option("--staging-steps", opts.staging_steps, "staging: steps per loop")
+      ->check(CLI::Range(2, 100000))
+      ->capture_default_str();
+  app.add_option("--staging-reps", opts.staging_reps, "staging: timed loops after a warm-up (median reported)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  app.add_option("--staging-workers", opts.staging_workers, "staging: prefetcher worker threads")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{256}))
+      ->capture_default_str();
+
   std::vector<const suite*> chosen;
   app.fallthrough();  // before the subcommands, which copy it: options go before or after them
   for (const suite& s : suites) {
-    app.add_subcommand(s.name, s.description)->callback([&chosen, &s] { chosen.push_back(&s); });
+    CLI::App* sub = app.add_subcommand(s.name, s.description);
+    sub->callback([&chosen, &s] { chosen.push_back(&s); });
+    if (std::string_view{s.name} == "replay") {
+      sub->add_option("file", opts.replay_file, "the trace to replay (depot JSON or RMM CSV)")->check(CLI::ExistingFile);
+    }
   }
   CLI11_PARSE(app, argc, argv);
 

@@ -4,6 +4,7 @@
 // memset / memcpy bandwidth on each (device events, warm-up, median of repetitions; bytes
 // counted as read + written).
 #include "bench_result.hpp"
+#include "timing.hpp"
 
 #include <depot/config.hpp>
 #include <depot/hal/event.hpp>
@@ -44,25 +45,6 @@ struct pinned_memory {
   ~pinned_memory() { rt<D>::deallocate_pinned(ptr); }
   void* ptr;
 };
-
-// Times `op` (which queues work on `s`) with events: warm-up, then the median.
-template <device D>
-double median_ms(const options& opts, stream<D>& s, int device, const std::function<void()>& op)
-{
-  event<D> start{device, true};
-  event<D> stop{device, true};
-  for (int i = 0; i < opts.warmup; ++i) op();
-  s.synchronize();
-  std::vector<double> ms;
-  for (int i = 0; i < opts.repetitions; ++i) {
-    start.record(s);
-    op();
-    stop.record(s);
-    stop.synchronize();
-    ms.push_back(event<D>::elapsed_ms(start, stop));
-  }
-  return median(ms);
-}
 
 template <device D>
 nlohmann::json info_for(const options& opts, int device)
@@ -119,7 +101,7 @@ nlohmann::json info_for(const options& opts, int device)
   std::printf("  %-30s %10s %11s %10s %9s\n", "operation", "size", "median ms", "GB/s",
               "of peak");
   for (const row& r : rows) {
-    const double ms = median_ms<D>(opts, s, device, r.op);
+    const double ms = median_ms<D>(opts, s.ref(), device, r.op);
     const double gbps = ms > 0 ? r.bytes_moved / (ms * 1e-3) / 1e9 : 0.0;
     char peak[16] = "-";
     if (p.memory_bandwidth_gbps > 0 && std::strstr(r.name, "host") == nullptr) {

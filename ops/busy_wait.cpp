@@ -17,24 +17,11 @@ namespace {
 
 // Ticks of the clock the kernel reads on backend D, per microsecond.
 template <device D>
-std::uint64_t ticks_per_us()
+constexpr std::uint64_t ticks_per_us()
 {
-#if DEPOT_HAS_HIP
-  if constexpr (std::is_same_v<D, hip>) {
-    // wall_clock64() runs at hipDeviceAttributeWallClockRate kHz (100 MHz on gfx90a).
-    static const std::uint64_t rate = [] {
-      int device = 0;
-      int khz = 0;
-      if (hipGetDevice(&device) != hipSuccess ||
-          hipDeviceGetAttribute(&khz, hipDeviceAttributeWallClockRate, device) != hipSuccess ||
-          khz <= 0) {
-        khz = 100000;
-      }
-      return static_cast<std::uint64_t>(khz) / 1000;
-    }();
-    return rate == 0 ? 1 : rate;
-  }
-#endif
+  // HIP: wall_clock64() reads s_memrealtime, a constant 100 MHz on gfx9 and CDNA GPUs (the HIP
+  // headers this builds with have no hipDeviceAttributeWallClockRate to ask).
+  if constexpr (D::kind == device_kind::hip) return 100;
   return 1000;  // CUDA %globaltimer and the host's steady_clock count nanoseconds
 }
 
@@ -47,6 +34,14 @@ void busy_wait(std::chrono::nanoseconds duration, stream_ref<D> stream)
                 "depot::ops::busy_wait: duration " + std::to_string(duration.count()) +
                     " ns is out of range; valid durations are 0 to 60 s");
   if (duration.count() == 0) return;
+  if constexpr (std::is_same_v<D, host>) {
+    // Host streams complete work at once: spin in the calling thread. (A parallel region of
+    // one iteration would add the wake-up of a whole OpenMP team to every call.)
+    const auto until = std::chrono::steady_clock::now() + duration;
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    return;
+  }
   ensure_kokkos();
   using exec = typename D::kokkos::execution_space;
   const std::uint64_t ns = static_cast<std::uint64_t>(duration.count());
@@ -62,8 +57,8 @@ void busy_wait(std::chrono::nanoseconds duration, stream_ref<D> stream)
           asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
         } while (now - start < ticks);
 #elif defined(__HIP_DEVICE_COMPILE__)
-        const std::uint64_t start = wall_clock64();
-        while (wall_clock64() - start < ticks) {
+        const auto start = static_cast<std::uint64_t>(wall_clock64());
+        while (static_cast<std::uint64_t>(wall_clock64()) - start < ticks) {
         }
 #else
         const auto start = std::chrono::steady_clock::now();

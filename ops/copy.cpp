@@ -57,8 +57,60 @@ struct transpose_shape {
   std::int64_t batches = 1;
 };
 
-constexpr int tile = 32;
-constexpr int tile_rows_per_pass = 8;  // a team of tile x 8 threads moves a tile in 4 passes
+constexpr int tile = 64;
+constexpr int tile_rows_per_pass = 4;  // a team of 64 x 4 threads moves a 64 x 64 tile in 16 passes
+
+template <class D, class U, class I>
+void copy_transposed_gpu(U* dst, const U* src, const transpose_shape& t, stream_ref<D> stream)
+{
+  using policy = Kokkos::TeamPolicy<exec_space<D>>;
+  using member = typename policy::member_type;
+  const I rows = static_cast<I>(t.rows), cols = static_cast<I>(t.cols);
+  const I tiles_r = (rows + tile - 1) / tile;
+  const I tiles_c = (cols + tile - 1) / tile;
+  const std::int64_t league = std::int64_t{tiles_r} * tiles_c * t.batches;
+  const I dst_row = static_cast<I>(t.dst_row_stride), src_col = static_cast<I>(t.src_col_stride);
+  const std::size_t scratch = sizeof(U) * tile * (tile + 1);
+  const auto batch = t.batch;
+  DEPOT_EXPECTS(league < (std::int64_t{1} << 31), "depot::copy: too many tiles for one launch");
+  Kokkos::parallel_for(
+      "depot::copy_transpose",
+      policy(D::kokkos::instance(stream), static_cast<int>(league), tile * tile_rows_per_pass)
+          .set_scratch_size(0, Kokkos::PerTeam(scratch)),
+      KOKKOS_LAMBDA(const member& m) {
+        U* buf = static_cast<U*>(m.team_shmem().get_shmem(scratch));
+        I id = static_cast<I>(m.league_rank());
+        const I tc = id % tiles_c;
+        id /= tiles_c;
+        const I tr = id % tiles_r;
+        const I b = id / tiles_r;
+        I off[2] = {0, 0};
+        if (batch.rank > 0) batch.offsets(b, off);
+        const int x = m.team_rank() % tile;
+        const int y = m.team_rank() / tile;
+        const I r0 = tr * tile;
+        const I c0 = tc * tile;
+        // Read: neighbouring threads read neighbouring rows (the source's dense direction).
+        const I r = r0 + x;
+        if (r < rows) {
+          const U* s = src + off[1] + r;
+          for (int p = y; p < tile; p += tile_rows_per_pass) {
+            const I c = c0 + p;
+            if (c < cols) buf[x * (tile + 1) + p] = s[c * src_col];
+          }
+        }
+        m.team_barrier();
+        // Write: neighbouring threads write neighbouring columns (the destination's).
+        const I c = c0 + x;
+        if (c < cols) {
+          U* d = dst + off[0] + c;
+          for (int p = y; p < tile; p += tile_rows_per_pass) {
+            const I rr = r0 + p;
+            if (rr < rows) d[rr * dst_row] = buf[p * (tile + 1) + x];
+          }
+        }
+      });
+}
 
 template <class D, class U>
 void copy_transposed(U* dst, const U* src, const transpose_shape& t, stream_ref<D> stream)
@@ -67,41 +119,18 @@ void copy_transposed(U* dst, const U* src, const transpose_shape& t, stream_ref<
   const std::int64_t tiles_c = (t.cols + tile - 1) / tile;
   const std::int64_t league = tiles_r * tiles_c * t.batches;
   if constexpr (is_gpu_v<D>) {
-    using policy = Kokkos::TeamPolicy<exec_space<D>>;
-    using member = typename policy::member_type;
-    const std::size_t scratch = sizeof(U) * tile * (tile + 1);
-    DEPOT_EXPECTS(league < (std::int64_t{1} << 31), "depot::copy: too many tiles for one launch");
-    Kokkos::parallel_for(
-        "depot::copy_transpose",
-        policy(D::kokkos::instance(stream), static_cast<int>(league), tile * tile_rows_per_pass)
-            .set_scratch_size(0, Kokkos::PerTeam(scratch)),
-        KOKKOS_LAMBDA(const member& m) {
-          U* buf = static_cast<U*>(m.team_shmem().get_shmem(scratch));
-          std::int64_t id = m.league_rank();
-          const std::int64_t tc = id % tiles_c;
-          id /= tiles_c;
-          const std::int64_t tr = id % tiles_r;
-          const std::int64_t b = id / tiles_r;
-          std::int64_t off[2];
-          t.batch.offsets(b, off);
-          const int x = m.team_rank() % tile;
-          const int y = m.team_rank() / tile;
-          const std::int64_t r0 = tr * tile;
-          const std::int64_t c0 = tc * tile;
-          // Read: neighbouring threads read neighbouring rows (the source's dense direction).
-          for (int p = y; p < tile; p += tile_rows_per_pass) {
-            const std::int64_t r = r0 + x;
-            const std::int64_t c = c0 + p;
-            if (r < t.rows && c < t.cols) buf[x * (tile + 1) + p] = src[off[1] + r + c * t.src_col_stride];
-          }
-          m.team_barrier();
-          // Write: neighbouring threads write neighbouring columns (the destination's).
-          for (int p = y; p < tile; p += tile_rows_per_pass) {
-            const std::int64_t r = r0 + p;
-            const std::int64_t c = c0 + x;
-            if (r < t.rows && c < t.cols) dst[off[0] + r * t.dst_row_stride + c] = buf[p * (tile + 1) + x];
-          }
-        });
+    bool small = t.rows * t.cols * t.batches < (std::int64_t{1} << 31) && league < (std::int64_t{1} << 31);
+    for (int a = 0; a < 2 && small; ++a) {
+      std::int64_t reach = std::abs(a == 0 ? t.dst_row_stride : std::int64_t{1}) * (t.rows - 1) +
+                           std::abs(a == 0 ? std::int64_t{1} : t.src_col_stride) * (t.cols - 1);
+      for (int d = 0; d < t.batch.rank; ++d) reach += std::abs(t.batch.strides[a][d]) * (t.batch.shape[d] - 1);
+      small = reach < (std::int64_t{1} << 31);
+    }
+    if (small) {
+      copy_transposed_gpu<D, U, std::int32_t>(dst, src, t, stream);
+    } else {
+      copy_transposed_gpu<D, U, std::int64_t>(dst, src, t, stream);
+    }
   } else {
     // Host: one tile per iteration, walked so that both sides stay in cache.
     Kokkos::parallel_for("depot::copy_transpose", make_range<D, std::int64_t>(stream, league),
@@ -110,8 +139,8 @@ void copy_transposed(U* dst, const U* src, const transpose_shape& t, stream_ref<
                            id /= tiles_c;
                            const std::int64_t tr = id % tiles_r;
                            const std::int64_t b = id / tiles_r;
-                           std::int64_t off[2];
-                           t.batch.offsets(b, off);
+                           std::int64_t off[2] = {0, 0};
+                           if (t.batch.rank > 0) t.batch.offsets(b, off);
                            const std::int64_t r_end = std::min(t.rows, (tr + 1) * tile);
                            const std::int64_t c_end = std::min(t.cols, (tc + 1) * tile);
                            for (std::int64_t r = tr * tile; r < r_end; ++r) {

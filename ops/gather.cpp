@@ -14,41 +14,45 @@
 namespace depot {
 namespace ops::detail {
 
+namespace {
+template <class D, class X>
+void check_indices_typed(const array_ref& index, std::int64_t extent, int dim, stream_ref<D> stream)
+{
+  const std::int64_t n = index.numel();
+  const array_ref* arrays[1] = {&index};
+  const auto s = coalesce<1>(arrays);
+  const X* p = static_cast<const X*>(index.data);
+  std::int64_t first_bad = n;
+  Kokkos::parallel_reduce(
+      "depot::check_indices", make_range<D, std::int64_t>(stream, n),
+      KOKKOS_LAMBDA(std::int64_t i, std::int64_t & lowest) {
+        std::int64_t off[1];
+        s.offsets(i, off);
+        const auto v = static_cast<std::int64_t>(p[off[0]]);
+        if ((v < -extent || v >= extent) && i < lowest) lowest = i;
+      },
+      Kokkos::Min<std::int64_t>(first_bad));
+  wait(stream);
+  if (first_bad < n) {
+    std::int64_t off[1];
+    s.offsets(first_bad, off);
+    const X bad = read_one<D>(p + off[0], stream);
+    throw index_error(static_cast<std::int64_t>(bad), dim, extent, first_bad);
+  }
+}
+}  // namespace
+
 template <class D>
 void check_indices(const array_ref& index, std::int64_t extent, int dim, stream_ref<D> stream)
 {
   DEPOT_EXPECTS(index.type == dtype::int32 || index.type == dtype::int64,
                 "depot: index arrays must be int32 or int64, got " + std::string{to_string(index.type)});
-  const std::int64_t n = index.numel();
-  if (n == 0) return;
+  if (index.numel() == 0) return;
   ensure_kokkos();
-  const array_ref* arrays[1] = {&index};
-  const auto s = coalesce<1>(arrays);
-  std::int64_t first_bad = n;
-  const auto run = [&](auto tag) {
-    using X = typename decltype(tag)::type;
-    const X* p = static_cast<const X*>(index.data);
-    Kokkos::parallel_reduce(
-        "depot::check_indices", make_range<D, std::int64_t>(stream, n),
-        KOKKOS_LAMBDA(std::int64_t i, std::int64_t & lowest) {
-          std::int64_t off[1];
-          s.offsets(i, off);
-          const auto v = static_cast<std::int64_t>(p[off[0]]);
-          if ((v < -extent || v >= extent) && i < lowest) lowest = i;
-        },
-        Kokkos::Min<std::int64_t>(first_bad));
-    wait(stream);
-    if (first_bad < n) {
-      std::int64_t off[1];
-      s.offsets(first_bad, off);
-      const X bad = read_one<D>(p + off[0], stream);
-      throw index_error(static_cast<std::int64_t>(bad), dim, extent, first_bad);
-    }
-  };
   if (index.type == dtype::int32) {
-    run(type_tag<std::int32_t>{});
+    check_indices_typed<D, std::int32_t>(index, extent, dim, stream);
   } else {
-    run(type_tag<std::int64_t>{});
+    check_indices_typed<D, std::int64_t>(index, extent, dim, stream);
   }
 }
 

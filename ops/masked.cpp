@@ -39,6 +39,59 @@ void select_kernel(const array_ref& dst, const array_ref& src, const array_ref& 
                         });
 }
 
+// GPU compaction of dense src and mask: teams of 256 threads own chunks of 4096 elements
+// (16 consecutive per thread). Pass 1: each team's count (a team scan of the threads'
+// counts). An exclusive scan over the chunk counts gives each chunk's first output. Pass 2:
+// each thread writes its selected elements from its chunk's base plus its team prefix.
+constexpr int select_team = 256;
+constexpr int select_per_thread = 16;
+
+// True elements among m[base, base + select_per_thread) that lie below n.
+KOKKOS_INLINE_FUNCTION std::int64_t count_run(const std::uint8_t* m, std::int64_t base, std::int64_t n)
+{
+  std::int64_t c = 0;
+  for (int k = 0; k < select_per_thread; ++k) c += (base + k < n && m[base + k] != 0) ? 1 : 0;
+  return c;
+}
+
+template <class D, class U>
+void select_dense_gpu(U* dst, const U* src, const std::uint8_t* m, std::int64_t n, stream_ref<D> stream)
+{
+  if constexpr (is_gpu_v<D>) {
+    constexpr std::int64_t chunk = std::int64_t{select_team} * select_per_thread;
+    const std::int64_t chunks = (n + chunk - 1) / chunk;
+    DEPOT_EXPECTS(chunks < (std::int64_t{1} << 31), "depot::masked_select: too many elements for one launch");
+    scratch_buffer<D> buf{static_cast<std::size_t>(chunks) * sizeof(std::int64_t), stream};
+    std::int64_t* counts = buf.template as<std::int64_t>();
+    using policy = Kokkos::TeamPolicy<exec_space<D>>;
+    using member = typename policy::member_type;
+    const auto inst = D::kokkos::instance(stream);
+    Kokkos::parallel_for("depot::masked_select_count", policy(inst, static_cast<int>(chunks), select_team),
+                         KOKKOS_LAMBDA(const member& t) {
+                           const std::int64_t base = t.league_rank() * chunk + std::int64_t{t.team_rank()} * select_per_thread;
+                           const std::int64_t c = count_run(m, base, n);
+                           const std::int64_t before = t.team_scan(c);
+                           if (t.team_rank() == t.team_size() - 1) counts[t.league_rank()] = before + c;
+                         });
+    Kokkos::parallel_scan("depot::masked_select_scan", make_range<D, std::int64_t>(stream, chunks),
+                          KOKKOS_LAMBDA(std::int64_t i, std::int64_t & running, const bool final) {
+                            const std::int64_t c = counts[i];
+                            if (final) counts[i] = running;
+                            running += c;
+                          });
+    Kokkos::parallel_for("depot::masked_select", policy(inst, static_cast<int>(chunks), select_team),
+                         KOKKOS_LAMBDA(const member& t) {
+                           const std::int64_t base = t.league_rank() * chunk + std::int64_t{t.team_rank()} * select_per_thread;
+                           const std::int64_t c = count_run(m, base, n);
+                           std::int64_t out = counts[t.league_rank()] + t.team_scan(c);
+                           for (int k = 0; k < select_per_thread; ++k) {
+                             const std::int64_t i = base + k;
+                             if (i < n && m[i] != 0) dst[out++] = src[i];
+                           }
+                         });
+  }
+}
+
 }  // namespace
 }  // namespace ops::detail
 
@@ -82,9 +135,13 @@ void kernels::masked_select(const array_ref& dst, const array_ref& src, const ar
                                               " elements but the mask selects " + std::to_string(selected));
   if (selected == 0) return;
   const bool small = n < (std::int64_t{1} << 31) && std::abs(dst.strides[0]) * selected < (std::int64_t{1} << 31);
+  const bool dense = src.is_contiguous() && mask.is_contiguous() && dst.strides[0] == 1;
   const auto run = [&](auto tag) {
     using U = typename decltype(tag)::type;
-    if (small) {
+    if (is_gpu_v<D> && dense) {
+      ops::detail::select_dense_gpu<D, U>(static_cast<U*>(dst.data), static_cast<const U*>(src.data),
+                                          static_cast<const std::uint8_t*>(mask.data), n, stream);
+    } else if (small) {
       ops::detail::select_kernel<D, U, std::int32_t>(dst, src, mask, stream);
     } else {
       ops::detail::select_kernel<D, U, std::int64_t>(dst, src, mask, stream);

@@ -97,11 +97,14 @@ void convert_one(dtype to, void* dst, dtype from, const void* src)
         const float x = static_cast<float>(f);
         if constexpr (std::is_same_v<T, depot::float16> || std::is_same_v<T, depot::bfloat16>) t = T{x};
         else if constexpr (std::is_same_v<T, bool>) t = x != 0.0F;
+        else if constexpr (std::is_integral_v<T>) t = static_cast<T>(static_cast<std::int64_t>(x));
         else t = static_cast<T>(x);
       } else if constexpr (std::is_same_v<T, depot::float16> || std::is_same_v<T, depot::bfloat16>) {
         t = T{static_cast<float>(f)};
       } else if constexpr (std::is_same_v<T, bool>) {
         t = f != F{0};
+      } else if constexpr (std::is_floating_point_v<F> && std::is_integral_v<T>) {
+        t = static_cast<T>(static_cast<std::int64_t>(f));  // what ops' convert does
       } else {
         t = static_cast<T>(f);
       }
@@ -556,4 +559,32 @@ TEST_CASE_TEMPLATE("ops: more than 2^32 elements take the 64-bit paths", D, DEPO
     depot::ops::fill(m.slice(0, n - 3, n), true);
     CHECK(depot::ops::masked_select(x, m).to_host_vector() == std::vector<std::uint8_t>{9, 9, 9});
   }
+}
+
+TEST_CASE_TEMPLATE("ops: float scatter-add of rows (the vector-atomic path) sums exactly on integers", D, DEPOT_TEST_DEVICES)
+{
+  std::mt19937_64 rng{depot::test::seed("ops scatter-add rows", 77)};
+  const std::int64_t rows = 10, cols = 64, m = 25;
+  std::vector<float> dst_h(static_cast<std::size_t>(rows * cols)), src_h(static_cast<std::size_t>(m * cols));
+  for (auto& v : dst_h) v = static_cast<float>(rng() % 100);
+  for (auto& v : src_h) v = static_cast<float>(static_cast<int>(rng() % 200) - 100);  // integers: sums exact in any order
+  std::vector<std::int64_t> idx_h(static_cast<std::size_t>(m));
+  for (auto& v : idx_h) v = static_cast<std::int64_t>(rng() % rows) - (rng() % 2 ? rows : 0);
+  auto dst = depot::strided_view<float, D>::empty({rows, cols});
+  auto src = depot::strided_view<float, D>::empty({m, cols});
+  auto idx = depot::strided_view<std::int64_t, D>::empty({m});
+  depot::runtime<D>::copy(dst.data(), dst_h.data(), dst_h.size() * 4);
+  depot::runtime<D>::copy(src.data(), src_h.data(), src_h.size() * 4);
+  depot::runtime<D>::copy(idx.data(), idx_h.data(), idx_h.size() * 8);
+  auto expect = dst_h;
+  for (std::int64_t j = 0; j < m; ++j) {
+    const std::int64_t r = idx_h[static_cast<std::size_t>(j)] < 0 ? idx_h[static_cast<std::size_t>(j)] + rows : idx_h[static_cast<std::size_t>(j)];
+    for (std::int64_t c = 0; c < cols; ++c) expect[static_cast<std::size_t>(r * cols + c)] += src_h[static_cast<std::size_t>(j * cols + c)];
+  }
+  depot::ops::index_add(dst, 0, idx, src);
+  CHECK(dst.to_host_vector() == expect);
+  // The same sums through the deterministic mode, twice: identical bits.
+  depot::runtime<D>::copy(dst.data(), dst_h.data(), dst_h.size() * 4);
+  depot::ops::scatter(dst, 0, idx, src, depot::scatter_mode::add_deterministic);
+  CHECK(dst.to_host_vector() == expect);
 }

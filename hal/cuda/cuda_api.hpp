@@ -22,11 +22,26 @@ struct cuda_api {
   static constexpr const char* name = "CUDA";
   static constexpr attribute_t memory_clock_khz = cudaDevAttrMemoryClockRate;
   static constexpr attribute_t memory_bus_bits = cudaDevAttrGlobalMemoryBusWidth;
+  static constexpr attribute_t managed_memory = cudaDevAttrManagedMemory;
+  static constexpr attribute_t concurrent_managed_access = cudaDevAttrConcurrentManagedAccess;
 
   DEPOT_GPU_API_TABLE(cuda)
 
   static error_t malloc_host(void** p, std::size_t n) { return cudaMallocHost(p, n); }
   static error_t free_host(void* p) { return cudaFreeHost(p); }
+  // Migrates managed memory to `device` (-1: the host) in the order of `s`. CUDA 13 names
+  // the destination with a cudaMemLocation; earlier versions with a device number.
+  static error_t prefetch(const void* p, std::size_t n, int device, stream_t s)
+  {
+#if CUDART_VERSION >= 13000
+    cudaMemLocation where{};
+    where.type = device < 0 ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
+    where.id = device < 0 ? 0 : device;
+    return cudaMemPrefetchAsync(p, n, where, 0, s);
+#else
+    return cudaMemPrefetchAsync(p, n, device < 0 ? cudaCpuDeviceId : device, s);
+#endif
+  }
   static std::string arch_name(const properties_t& p)
   {
     return "sm_" + std::to_string(p.major * 10 + p.minor);

@@ -33,6 +33,10 @@
   static error_t free(void* p) { return P##Free(p); }                                             \
   static error_t malloc_async(void** p, std::size_t n, stream_t s) { return P##MallocAsync(p, n, s); } \
   static error_t free_async(void* p, stream_t s) { return P##FreeAsync(p, s); }                   \
+  static error_t malloc_managed(void** p, std::size_t n)                                          \
+  {                                                                                               \
+    return P##MallocManaged(p, n, P##MemAttachGlobal);                                            \
+  }                                                                                               \
   static error_t set_release_threshold(int d, unsigned long long bytes)                           \
   {                                                                                               \
     P##MemPool_t pool{};                                                                          \

@@ -258,6 +258,71 @@ void gpu_runtime<Api>::deallocate_pinned(void* ptr) noexcept
 }
 
 template <class Api>
+bool gpu_runtime<Api>::supports_managed_memory(int device)
+{
+  check_device(device);
+  int value = 0;
+  DEPOT_GPU_TRY(Api::get_attribute(&value, Api::managed_memory, device));
+  return value != 0;
+}
+
+template <class Api>
+bool gpu_runtime<Api>::concurrent_managed_access(int device)
+{
+  check_device(device);
+  int value = 0;
+  DEPOT_GPU_TRY(Api::get_attribute(&value, Api::concurrent_managed_access, device));
+  return value != 0;
+}
+
+template <class Api>
+void* gpu_runtime<Api>::allocate_managed(std::size_t bytes, int device)
+{
+  const device_id id{Api::kind, device};
+  DEPOT_EXPECTS(supports_managed_memory(device),
+                "depot: " + id.to_string() + " cannot allocate managed (unified) memory");
+  if (bytes == 0) return nullptr;
+  detail::scoped_device<Api> on{device};
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  DEPOT_GPU_TRY(Api::mem_get_info(&free_bytes, &total_bytes));
+  // Managed memory may oversubscribe the device and evict silently; depot never asks for
+  // more than is free now.
+  const auto refuse = [&] {
+    throw out_of_memory("depot: " + id.to_string() + " managed allocation of " + format_bytes(bytes) +
+                            " (" + std::to_string(bytes) + " bytes) refused: the device has " +
+                            format_bytes(free_bytes) + " (" + std::to_string(free_bytes) + " bytes) free of " +
+                            format_bytes(total_bytes),
+                        bytes, id);
+  };
+  if (bytes > free_bytes) refuse();
+  void* ptr = nullptr;
+  const auto status = Api::malloc_managed(&ptr, bytes);
+  if (status == Api::memory_allocation) {
+    (void)Api::get_last_error();
+    refuse();
+  }
+  DEPOT_GPU_TRY(status);
+  return ptr;
+}
+
+template <class Api>
+void gpu_runtime<Api>::deallocate_managed(void* ptr, int device) noexcept
+{
+  // As deallocate: the free path has no one to report a failure to.
+  deallocate(ptr, device);
+}
+
+template <class Api>
+void gpu_runtime<Api>::prefetch_managed(const void* ptr, std::size_t bytes, int device, native_stream stream)
+{
+  if (device != -1) check_device(device);  // -1: the host
+  if (bytes == 0) return;
+  DEPOT_EXPECTS(ptr != nullptr, "depot: prefetch of " + std::to_string(bytes) + " bytes with a null pointer");
+  DEPOT_GPU_TRY(Api::prefetch(ptr, bytes, device, detail::to_native<Api>(stream)));
+}
+
+template <class Api>
 void gpu_runtime<Api>::copy(void* dst, const void* src, std::size_t bytes)
 {
   if (bytes == 0) return;

@@ -27,6 +27,8 @@ struct hip_api {
   static constexpr const char* name = "HIP";
   static constexpr attribute_t memory_clock_khz = hipDeviceAttributeMemoryClockRate;
   static constexpr attribute_t memory_bus_bits = hipDeviceAttributeMemoryBusWidth;
+  static constexpr attribute_t managed_memory = hipDeviceAttributeManagedMemory;
+  static constexpr attribute_t concurrent_managed_access = hipDeviceAttributeConcurrentManagedAccess;
 
   DEPOT_GPU_API_TABLE(hip)
 
@@ -35,6 +37,11 @@ struct hip_api {
     return hipHostMalloc(p, n, hipHostMallocDefault);
   }
   static error_t free_host(void* p) { return hipHostFree(p); }
+  // Migrates managed memory to `device` (-1: the host) in the order of `s`.
+  static error_t prefetch(const void* p, std::size_t n, int device, stream_t s)
+  {
+    return hipMemPrefetchAsync(p, n, device < 0 ? hipCpuDeviceId : device, s);
+  }
   // "gfx90a:sramecc+:xnack-" -> "gfx90a"
   static std::string arch_name(const properties_t& p)
   {

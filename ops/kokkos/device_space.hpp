@@ -11,6 +11,9 @@
 #include <depot/hal/device.hpp>
 #include <depot/hal/stream_ref.hpp>
 
+#include <mutex>
+#include <utility>
+
 #if DEPOT_HAS_CUDA && !defined(KOKKOS_ENABLE_CUDA)
 #error "depot was configured with -Dgpu=cuda but this Kokkos has no CUDA backend"
 #endif
@@ -28,6 +31,39 @@ using kokkos_hip = Kokkos::Experimental::HIP;
 using kokkos_hip_space = Kokkos::Experimental::HIPSpace;
 #endif
 #endif
+
+// The execution-space instance for a backend stream, created on first use and kept: in
+// Kokkos 3.x constructing an instance from a stream allocates device scratch memory, far
+// too slow per launch. The instances are released by a Kokkos finalize hook, before
+// Kokkos finalises (whether depot or the application finalises it). Thread-safe.
+template <class Exec, class Native>
+Exec instance_for(Native stream)
+{
+  // A singly linked list, not a std::map: hipcc 5.2's clang crashes instantiating std::map
+  // of a Kokkos execution space in device compilation. Programs use few streams.
+  struct entry {
+    Native stream;
+    Exec exec;
+    entry* next;
+  };
+  static std::mutex m;
+  static entry* head = nullptr;
+  static bool hooked = false;
+  std::lock_guard<std::mutex> lock{m};
+  if (!hooked) {
+    hooked = true;
+    Kokkos::push_finalize_hook([] {
+      std::lock_guard<std::mutex> l{m};
+      while (head != nullptr) delete std::exchange(head, head->next);
+      hooked = false;
+    });
+  }
+  for (entry* e = head; e != nullptr; e = e->next) {
+    if (e->stream == stream) return e->exec;
+  }
+  head = new entry{stream, Exec{stream}, head};
+  return head->exec;
+}
 }  // namespace depot::ops::detail
 
 struct depot::host::kokkos {
@@ -44,7 +80,7 @@ struct depot::cuda::kokkos {
   static execution_space instance(stream_ref<cuda> s)
   {
     return s.is_default() ? execution_space{}
-                          : execution_space{static_cast<cudaStream_t>(s.native())};
+                          : depot::ops::detail::instance_for<execution_space>(static_cast<cudaStream_t>(s.native()));
   }
 };
 #endif
@@ -56,7 +92,7 @@ struct depot::hip::kokkos {
   static execution_space instance(stream_ref<hip> s)
   {
     return s.is_default() ? execution_space{}
-                          : execution_space{static_cast<hipStream_t>(s.native())};
+                          : depot::ops::detail::instance_for<execution_space>(static_cast<hipStream_t>(s.native()));
   }
 };
 #endif

@@ -22,7 +22,8 @@
 
 namespace depot::ops::detail {
 
-// static_cast semantics, with float16/bfloat16 through float and bool as != 0.
+// static_cast semantics, with float16/bfloat16 through float, bool as != 0, and floating
+// to integer through int64 (values outside int64's range: unspecified, as in C++).
 template <class To, class From>
 KOKKOS_INLINE_FUNCTION To convert(From v)
 {
@@ -34,6 +35,10 @@ KOKKOS_INLINE_FUNCTION To convert(From v)
     return To{static_cast<float>(v)};
   } else if constexpr (std::is_same_v<To, bool>) {
     return v != From{0};
+  } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
+    // Through int64, so that negative values reach unsigned types the same way on every
+    // backend (C++ leaves a direct conversion undefined; GPUs saturate, CPUs wrap).
+    return static_cast<To>(static_cast<std::int64_t>(v));
   } else {
     return static_cast<To>(v);
   }

@@ -41,15 +41,19 @@
 #include <depot/storage/bfloat16.hpp>
 #include <depot/storage/device_storage.hpp>
 #include <depot/storage/dlpack.hpp>
+#include <depot/storage/double_buffer.hpp>
 #include <depot/storage/dtype.hpp>
 #include <depot/storage/element_kernels.hpp>
 #include <depot/storage/float16.hpp>
 #include <depot/storage/host_storage.hpp>
 #include <depot/storage/layout.hpp>
+#include <depot/storage/prefetch_options.hpp>
+#include <depot/storage/prefetcher.hpp>
 #include <depot/storage/storage.hpp>
 #include <depot/storage/strided_view.hpp>
 
 // ops/
+#include <depot/ops/busy_wait.hpp>
 #include <depot/ops/copy.hpp>
 #include <depot/ops/fill.hpp>
 #include <depot/ops/gather.hpp>

@@ -13,8 +13,9 @@ namespace depot::ops {
 // busy_wait<D>(duration, stream): a one-thread Kokkos kernel ("depot::busy_wait") that spins
 // for `duration` in the order of `stream`: a stand-in for compute in benchmarks and tests.
 // GPUs time it with the device's wall clock (CUDA %globaltimer, HIP wall_clock64); the host
-// backend spins on std::chrono::steady_clock and returns when done. Returns once the kernel
-// is queued. A duration outside [0, 60 s] is depot::invalid_argument.
+// backend spins on std::chrono::steady_clock in the calling thread and returns when done.
+// Otherwise returns once the kernel is queued. A duration outside [0, 60 s] is
+// depot::invalid_argument.
 template <device D>
 void busy_wait(std::chrono::nanoseconds duration, stream_ref<D> stream = {});
 

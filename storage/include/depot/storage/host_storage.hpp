@@ -157,10 +157,10 @@ class host_storage {
     // A managed buffer came from pool<host>(), so its deallocate cannot refuse it.
     if (ctrl_ != nullptr && ctrl_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       if (ctrl_->release != nullptr) {
-        ctrl_->release(ctrl_->context, data_);
+        ctrl_->release(ctrl_->context, raw_data());
       } else {
         try {
-          pool<host>().deallocate(data_);
+          pool<host>().deallocate(raw_data());
         } catch (...) {
         }
       }
@@ -170,6 +170,10 @@ class host_storage {
     ctrl_ = nullptr;
     size_ = 0;
   }
+
+  // The buffer as the pool and release callbacks see it (host_storage<const T>, a read-only
+  // view such as a read-only mapped file, still releases it).
+  [[nodiscard]] void* raw_data() const noexcept { return const_cast<void*>(static_cast<const void*>(data_)); }
 
   void check_span(std::size_t i, std::size_t w) const
   {

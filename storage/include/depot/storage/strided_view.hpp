@@ -9,6 +9,7 @@
 #include <depot/storage/array_ref.hpp>
 #include <depot/storage/dtype.hpp>
 #include <depot/storage/element_kernels.hpp>
+#include <depot/storage/index_expr.hpp>
 #include <depot/storage/layout.hpp>
 #include <depot/storage/storage.hpp>
 
@@ -28,6 +29,17 @@ namespace depot {
 // copy. Element movement between layouts and devices (clone, reshape when a copy is
 // needed, to<D2>, copy_) is synchronous and runs ops/' kernels on the device that holds
 // the data (declared in element_kernels.hpp). Not synchronised; the storage's count is.
+template <class T, device D>
+class index_ref;
+namespace detail {  // indexing, defined in index_execution.hpp
+template <class T, device D>
+strided_view<T, D> index_read(const strided_view<T, D>& x, const index_expr& expr);
+template <class T, device D, device D2>
+void index_assign(const strided_view<T, D>& x, const index_expr& expr, const strided_view<T, D2>& y);
+template <class T, device D>
+void index_fill(const strided_view<T, D>& x, const index_expr& expr, const T& value);
+}  // namespace detail
+
 template <class T, device D = host>
 class strided_view {
  public:
@@ -162,6 +174,32 @@ class strided_view {
     return out;
   }
 
+  // NumPy indexing (index_planner.hpp has the rules, README.md "Indexing" the differences):
+  // x.index({0, depot::slice(1, -1, 2), depot::ellipsis, depot::newaxis, idx}) is a view of
+  // x for basic indexing and a new contiguous array for advanced indexing (index arrays,
+  // masks). index_put writes a tensor (any device, broadcast to the shape of x[expr]) or a
+  // scalar; bad indices throw before anything is written. Synchronous. x[expr] reads or
+  // writes the same way (x[expr] = y) through a temporary depot::index_ref.
+  [[nodiscard]] strided_view index(const index_expr& expr) const { return detail::index_read(*this, expr); }
+  template <device D2>
+  strided_view& index_put(const index_expr& expr, const strided_view<T, D2>& value)
+  {
+    detail::index_assign(*this, expr, value);
+    return *this;
+  }
+  strided_view& index_put(const index_expr& expr, const T& value)
+  {
+    detail::index_fill(*this, expr, value);
+    return *this;
+  }
+  [[nodiscard]] index_ref<T, D> operator[](index_expr expr) const { return {*this, std::move(expr)}; }
+  template <class I>
+    requires std::is_convertible_v<I, index_item>
+  [[nodiscard]] index_ref<T, D> operator[](I&& item) const
+  {
+    return {*this, index_expr{index_item{std::forward<I>(item)}}};
+  }
+
   // One element (host views only; negative indices count from the end).
   [[nodiscard]] T& at(std::initializer_list<std::int64_t> index) const
     requires std::is_same_v<D, host>
@@ -238,3 +276,6 @@ class strided_view {
 };
 
 }  // namespace depot
+
+#include <depot/storage/index_execution.hpp>  // NOLINT: the definitions of index / index_put
+#include <depot/storage/index_ref.hpp>

@@ -35,6 +35,19 @@ class gpu_runtime {
   static void* allocate_pinned(std::size_t bytes);
   static void deallocate_pinned(void* ptr) noexcept;
 
+  // Managed (unified) memory, reachable from the host and from every device (GPU-only; not
+  // part of backend_runtime). supports_managed_memory: the device can allocate it at all;
+  // concurrent_managed_access: the host may touch it while kernels run (otherwise only
+  // after a synchronisation). allocate_managed never asks for more than memory(device)
+  // reports free: depot::out_of_memory with both numbers instead, and nothing allocated;
+  // depot::invalid_argument on a device without managed memory. prefetch_managed migrates
+  // [ptr, ptr + bytes) to `device` (-1: the host) in the order of `stream`.
+  static bool supports_managed_memory(int device);
+  static bool concurrent_managed_access(int device);
+  static void* allocate_managed(std::size_t bytes, int device);
+  static void deallocate_managed(void* ptr, int device) noexcept;
+  static void prefetch_managed(const void* ptr, std::size_t bytes, int device, native_stream stream);
+
   static void copy(void* dst, const void* src, std::size_t bytes);
   static void copy_async(void* dst, const void* src, std::size_t bytes, native_stream stream);
   static void copy_peer_async(void* dst, int dst_device, const void* src, int src_device,
