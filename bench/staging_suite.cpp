@@ -113,6 +113,7 @@ void staging_size(const options& opts, int device, std::size_t n, nlohmann::json
   device_storage<std::byte, D> dev{n, device, s.ref()};
   pool_block<D> from_pool{n, device};
   pinned_memory<D> pinned{n};
+  pinned_memory<D> pinned2{n};  // page-locked batches alternate between pinned and pinned2
   std::vector<std::vector<std::byte>> pageable(2, std::vector<std::byte>(n));
   for (std::size_t i = 0; i < n; ++i) {  // never time on zeros
     pageable[0][i] = static_cast<std::byte>(i * 131 + 7);
@@ -120,6 +121,9 @@ void staging_size(const options& opts, int device, std::size_t n, nlohmann::json
   }
   std::memcpy(from_pool.ptr, pageable[0].data(), n);
   std::memcpy(pinned.ptr, pageable[0].data(), n);
+  std::memcpy(pinned2.ptr, pageable[1].data(), n);
+  const std::span<const std::byte> locked[2] = {{static_cast<const std::byte*>(pinned.ptr), n},
+                                                {static_cast<const std::byte*>(pinned2.ptr), n}};
 
   // ---- bandwidth: one synchronous H2D copy each, wall time ----
   const double pool_ms = median_wall_ms(opts.warmup, opts.repetitions, [&] {
@@ -164,24 +168,37 @@ void staging_size(const options& opts, int device, std::size_t n, nlohmann::json
                      }
                      s.synchronize();
                    }});
-  loops.push_back({"depot double_buffer (pageable batches)", [&] {
-                     double_buffer<std::byte, D> db{{static_cast<std::int64_t>(n)}, s.ref(), device};
-                     db.prefetch_next(pageable[0]);
-                     db.swap();
-                     for (int i = 0; i < steps; ++i) {
-                       if (i + 1 < steps) db.prefetch_next(pageable[(i + 1) % 2]);
-                       ops::busy_wait<D>(compute, s.ref());
-                       if (i + 1 < steps) db.swap();
-                     }
-                     s.synchronize();
-                   }});
-  const std::string pf_name = "depot prefetcher (pageable batches, " +
-                              std::to_string(opts.staging_workers) + " workers, lookahead 3)";
-  loops.push_back({pf_name, [&] {
+  for (const bool page_locked : {false, true}) {
+    loops.push_back({page_locked ? "depot double_buffer (page-locked batches, prefetch_next_async)"
+                                 : "depot double_buffer (pageable batches)",
+                     [&, page_locked] {
+                       double_buffer<std::byte, D> db{{static_cast<std::int64_t>(n)}, s.ref(), device};
+                       const auto prefetch = [&](int i) {
+                         if (page_locked) {
+                           db.prefetch_next_async(locked[i % 2]);
+                         } else {
+                           db.prefetch_next(pageable[static_cast<std::size_t>(i % 2)]);
+                         }
+                       };
+                       prefetch(0);
+                       db.swap();
+                       for (int i = 0; i < steps; ++i) {
+                         if (i + 1 < steps) prefetch(i + 1);
+                         ops::busy_wait<D>(compute, s.ref());
+                         if (i + 1 < steps) db.swap();
+                       }
+                       s.synchronize();
+                     }});
+  }
+  for (const bool page_locked : {false, true}) {
+  const std::string pf_name = std::string{"depot prefetcher ("} + (page_locked ? "page-locked" : "pageable") +
+                              " batches, " + std::to_string(opts.staging_workers) + " workers, lookahead 3)";
+  loops.push_back({pf_name, [&, page_locked] {
                      int produced = 0;
                      auto producer = [&]() -> std::optional<std::span<const std::byte>> {
                        if (produced == steps) return std::nullopt;
-                       return std::span<const std::byte>{pageable[produced++ % 2]};
+                       const int k = produced++ % 2;
+                       return page_locked ? locked[k] : std::span<const std::byte>{pageable[static_cast<std::size_t>(k)]};
                      };
                      prefetch_options po;
                      po.lookahead = 3;
@@ -194,6 +211,7 @@ void staging_size(const options& opts, int device, std::size_t n, nlohmann::json
                      }
                      s.synchronize();
                    }});
+  }
 
   const double gb = static_cast<double>(n) / 1e9;
   std::printf("\n  batch %s: H2D %.3f ms, compute %.3f ms, host staging copy %.3f ms; ideal %d steps = %.2f ms\n",

@@ -29,7 +29,7 @@ check test $? -eq 0
 check test $? -eq 0
 check python3 -c "import json; s=json.load(open('$tmp/s.json'))['suites'][0]; assert s['suite']=='staging'; \
 rows=s['rows']; assert [r['bytes'] for r in rows]==[65536, 1048576], rows; \
-assert all(len(r['loops'])==4 and all(l['ms']>0 and l['efficiency']>0 for l in r['loops']) for r in rows), rows"
+assert all(len(r['loops'])==6 and all(l['ms']>0 and l['efficiency']>0 for l in r['loops']) for r in rows), rows"
 
 for bad in "--device tpu" "--size 0" "--repetitions 0" "--size lots" "nosuchsuite" "--threads 0" "--alloc-n 0" "--staging-sizes 1" "--compute-us -1" "--staging-steps 1" "--staging-workers 0"; do
   # shellcheck disable=SC2086

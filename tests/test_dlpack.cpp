@@ -66,11 +66,13 @@ TEST_CASE_TEMPLATE("dlpack: export describes the view and keeps its storage aliv
     CHECK(t->dl_tensor.shape[1] == 4);
     CHECK(t->dl_tensor.strides[0] == 2);
     CHECK(t->dl_tensor.strides[1] == 6);
-    CHECK(t->dl_tensor.byte_offset == sizeof(float));
+    CHECK(t->dl_tensor.byte_offset == 0);  // data points at the first element, as torch expects
+    CHECK(t->dl_tensor.data == static_cast<const void*>(view.data()));
     CHECK(t->dl_tensor.dtype.code == kDLFloat);
     CHECK(t->dl_tensor.dtype.bits == 32);
     CHECK(t->dl_tensor.device.device_type == depot::dlpack_device_type<D>());
-    CHECK(reinterpret_cast<std::uintptr_t>(t->dl_tensor.data) % 256 == 0);
+    // One float past the storage's base, which is aligned as the pool's blocks.
+    CHECK((reinterpret_cast<std::uintptr_t>(t->dl_tensor.data) - sizeof(float)) % 256 == 0);
   }
   // The views are gone; the tensor still holds the storage.
   CHECK(depot::memory_allocated<D>() > base);

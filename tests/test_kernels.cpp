@@ -520,6 +520,67 @@ TEST_CASE_TEMPLATE("ops: masked_select compacts in order, including empty select
   CHECK_THROWS_AS((void)depot::ops::masked_select(x, wrong), depot::invalid_argument);
 }
 
+TEST_CASE_TEMPLATE("ops: masked_select on dense inputs: chunk edges, alignment, densities, every size", D,
+                   DEPOT_TEST_DEVICES)
+{
+  // The dense GPU path works in chunks of 4096 elements and 16-element runs read as 16-byte
+  // words: sizes around those edges, offsets that misalign the source or the mask, masks
+  // that select nothing, everything or a random share, and each element size.
+  std::mt19937_64 rng{depot::test::seed("ops masked_select dense", 6)};
+  const std::int64_t sizes[] = {1, 15, 16, 17, 4095, 4096, 4097, 3 * 4096 + 5, 100003};
+  const dtype types[] = {dtype::uint8, dtype::int16, dtype::float32, dtype::float64};
+  int trial = 0;
+  for (const std::int64_t n : sizes) {
+    for (const dtype t : types) {
+      ++trial;
+      const std::int64_t soff = trial % 2, moff = (trial / 2) % 2 * 3;
+      buffer<D> src{t, n + soff}, mask{dtype::bool_, n + moff};
+      const auto sv = random_values(t, n + soff, rng);
+      auto mv = random_values(dtype::bool_, n + moff, rng);
+      const int density = trial % 4;  // 0: none, 1: all, else random
+      for (std::int64_t i = moff; i < n + moff; ++i) {
+        if (density < 2) mv[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(density);
+      }
+      src.write(sv);
+      mask.write(mv);
+      const std::size_t es = depot::size_of(t);
+      std::vector<std::uint8_t> expect;
+      for (std::int64_t i = 0; i < n; ++i) {
+        if (mv[static_cast<std::size_t>(i + moff)] != 0) {
+          const auto at = sv.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(i + soff) * es);
+          expect.insert(expect.end(), at, at + static_cast<std::ptrdiff_t>(es));
+        }
+      }
+      const auto count = static_cast<std::int64_t>(expect.size() / es);
+      CAPTURE(n);
+      const std::string tname{depot::to_string(t)};
+      CAPTURE(tname);
+      CAPTURE(soff);
+      CAPTURE(moff);
+      const std::int64_t shape1[1] = {n}, unit[1] = {1};
+      const layout sl{layout::extents{shape1}, layout::extents{unit}, soff};
+      const layout ml{layout::extents{shape1}, layout::extents{unit}, moff};
+      REQUIRE(depot::kernels::count_true<D>(mask.ref(ml), {}) == count);
+      buffer<D> out{t, count + 1};
+      const std::vector<std::uint8_t> poison(static_cast<std::size_t>(count + 1) * es, 0xA5);
+      out.write(poison);
+      // A destination of the wrong length is refused with nothing written.
+      const std::string says = "but the mask selects " + std::to_string(count);
+      CHECK_THROWS_WITH_AS(depot::kernels::masked_select<D>(out.ref(layout::contiguous({count + 1})), src.ref(sl),
+                                                            mask.ref(ml), {}),
+                           doctest::Contains(says.c_str()), depot::invalid_argument);
+      CHECK(out.read() == poison);
+      depot::kernels::masked_select<D>(out.ref(layout::contiguous({count})), src.ref(sl), mask.ref(ml), {});
+      depot::kernels::fence<D>({});
+      auto got = out.read();
+      REQUIRE(std::equal(expect.begin(), expect.end(), got.begin()));
+      // The element after the selection stays poisoned.
+      CHECK(std::all_of(got.begin() + static_cast<std::ptrdiff_t>(expect.size()), got.end(),
+                        [](std::uint8_t b) { return b == 0xA5; }));
+    }
+  }
+}
+
 TEST_CASE_TEMPLATE("ops: typed API: copy with conversion, index_select, index_add", D, DEPOT_TEST_DEVICES)
 {
   auto a = depot::strided_view<std::int32_t, D>::empty({3, 4});

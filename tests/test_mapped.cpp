@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cerrno>
+
 #include <depot/hal/invalid_argument.hpp>
 #include <depot/storage/dynamic_storage.hpp>
 #include <depot/storage/mapped_file.hpp>
@@ -204,7 +206,11 @@ TEST_CASE("mapped: bad input is refused with a clear message")
     FAIL("opening a missing file succeeded");
   } catch (const std::filesystem::filesystem_error& e) {
     CHECK(e.path1() == tmp.get());
-    CHECK(e.code() == std::errc::no_such_file_or_directory);
+    // By value and category name, not by category identity: where a toolchain links
+    // libstdc++ statically (the GPU machine's g++ does), libdepot keeps its copy private, so
+    // its std::generic_category() is another object than the caller's.
+    CHECK(e.code().value() == ENOENT);
+    CHECK(std::string{e.code().category().name()} == "generic");
     CHECK(contains(e.what(), "cannot open for reading"));
   }
   // A directory is not a regular file.

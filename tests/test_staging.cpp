@@ -147,6 +147,103 @@ TEST_CASE_TEMPLATE("staging: double_buffer hands over thousands of batches in or
   CHECK(pinned_allocated<D>() == pinned_base);
 }
 
+TEST_CASE_TEMPLATE("staging: page-locked batches are copied directly, in order, without staging", D,
+                   DEPOT_TEST_DEVICES)
+{
+  std::mt19937_64 rng{depot::test::seed("staging: page-locked", 7010)};
+  const auto base = depot::memory_allocated<D>();
+  const auto pinned_base = pinned_allocated<D>();
+  depot::stream<D> consumer;
+  auto& pinned = depot::pinned_pool<D>();
+  constexpr std::size_t n = 4096;
+  // A ring of page-locked host blocks from the pinned pool, as a loader would fill them.
+  constexpr std::size_t ring = 6;
+  std::vector<std::int32_t*> blocks;
+  for (std::size_t k = 0; k < ring; ++k) {
+    blocks.push_back(static_cast<std::int32_t*>(pinned.allocate(n * sizeof(std::int32_t))));
+  }
+  CHECK(depot::runtime<D>::is_pinned(blocks[0]) == depot::is_gpu_v<D>);
+  std::vector<std::int32_t> pageable(n, 3);
+  CHECK_FALSE(depot::runtime<D>::is_pinned(pageable.data()));
+  CHECK_FALSE(depot::runtime<D>::is_pinned(nullptr));
+  {
+    depot::double_buffer<std::int32_t, D> db{{static_cast<std::int64_t>(n)}, consumer};
+    if constexpr (depot::is_gpu_v<D>) {
+      CHECK_THROWS_WITH_AS(db.prefetch_next_async(pageable), doctest::Contains("not page-locked"),
+                           depot::invalid_argument);
+      CHECK_FALSE(db.has_pending());
+    }
+    // Block i % 2 holds batch i; it is rewritten only after the prefetch two calls later
+    // returned, which is the documented rule.
+    auto prefetch = [&](std::size_t i) {
+      std::int32_t* b = blocks[i % 2];
+      std::fill(b, b + n, static_cast<std::int32_t>(i));
+      db.prefetch_next_async(std::span<const std::int32_t>{b, n});
+    };
+    prefetch(0);
+    db.swap();
+    prefetch(1);
+    constexpr std::size_t steps = 1000;
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < steps; ++i) {
+      const auto view = db.current();
+      if (rng() % 3 == 0) depot::ops::busy_wait<D>(std::chrono::microseconds(rng() % 30), consumer);
+      std::vector<std::int32_t> back(n);
+      depot::runtime<D>::copy_async(back.data(), view.data(), db.bytes(), consumer.native());
+      depot::ops::fill<D, std::int32_t>(view.data(), n, -1, consumer);
+      if (i + 1 < steps) {
+        db.swap();
+        if (i + 2 < steps) prefetch(i + 2);
+      }
+      consumer.synchronize();
+      if (wrong_elements(back, static_cast<std::int32_t>(i)) != 0 && ++bad < 5) {
+        MESSAGE("step " << i << ": first element " << back.front());
+      }
+    }
+    CHECK(bad == 0);
+  }
+  // The prefetcher copies page-locked batches without taking staging from the pinned pool
+  // (on the host backend nothing is page-locked, so it stages as usual).
+  for (const std::size_t workers : {std::size_t{1}, std::size_t{3}}) {
+    CAPTURE(workers);
+    depot::prefetch_options opts;
+    opts.lookahead = 3;  // a block is reused ring = 6 > lookahead + 1 batches later
+    opts.num_workers = workers;
+    constexpr std::size_t count = 800;
+    std::size_t produced = 0;
+    auto producer = [&]() -> std::optional<std::span<const std::int32_t>> {
+      if (produced == count) return std::nullopt;
+      std::int32_t* b = blocks[produced % ring];
+      const std::size_t len = 1 + (produced * 7919) % n;
+      std::fill(b, b + len, static_cast<std::int32_t>(produced));
+      ++produced;
+      return std::span<const std::int32_t>{b, len};
+    };
+    const auto calls = pinned.stats().num_allocations.all.allocated;
+    std::size_t expected = 0, bad = 0;
+    {
+      depot::prefetcher<D, std::int32_t> pf{producer, opts, consumer};
+      for (auto& b : pf) {
+        const auto back = read_back<D>(b.data(), b.size(), consumer);
+        if (b.index() != expected || wrong_elements(back, static_cast<std::int32_t>(expected)) != 0) ++bad;
+        ++expected;
+      }
+    }
+    CHECK(bad == 0);
+    CHECK(expected == count);
+    const auto used = pinned.stats().num_allocations.all.allocated - calls;
+    if constexpr (depot::is_gpu_v<D>) {
+      CHECK(used == 0);
+    } else {
+      CHECK(used >= 1);
+    }
+  }
+  consumer.synchronize();
+  for (auto* b : blocks) pinned.deallocate(b);
+  CHECK(depot::memory_allocated<D>() == base);
+  CHECK(pinned_allocated<D>() == pinned_base);
+}
+
 TEST_CASE_TEMPLATE("staging: double_buffer refuses misuse with a clear message and keeps its state", D,
                    DEPOT_TEST_DEVICES)
 {

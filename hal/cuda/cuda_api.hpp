@@ -29,6 +29,16 @@ struct cuda_api {
 
   static error_t malloc_host(void** p, std::size_t n) { return cudaMallocHost(p, n); }
   static error_t free_host(void* p) { return cudaFreeHost(p); }
+  // Page-locked host memory (allocated pinned or registered); pageable memory reads false.
+  static bool is_page_locked(const void* p)
+  {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeHost;
+  }
   // Migrates managed memory to `device` (-1: the host) in the order of `s`. CUDA 13 names
   // the destination with a cudaMemLocation; earlier versions with a device number.
   static error_t prefetch(const void* p, std::size_t n, int device, stream_t s)

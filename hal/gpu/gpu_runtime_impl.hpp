@@ -258,6 +258,12 @@ void gpu_runtime<Api>::deallocate_pinned(void* ptr) noexcept
 }
 
 template <class Api>
+bool gpu_runtime<Api>::is_pinned(const void* ptr) noexcept
+{
+  return ptr != nullptr && Api::is_page_locked(ptr);
+}
+
+template <class Api>
 bool gpu_runtime<Api>::supports_managed_memory(int device)
 {
   check_device(device);

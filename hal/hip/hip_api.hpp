@@ -37,6 +37,21 @@ struct hip_api {
     return hipHostMalloc(p, n, hipHostMallocDefault);
   }
   static error_t free_host(void* p) { return hipHostFree(p); }
+  // Page-locked host memory (allocated pinned or registered); pageable memory reads false
+  // (older HIP reports it as an error, which is cleared). ROCm 6 renamed memoryType to type.
+  static bool is_page_locked(const void* p)
+  {
+    hipPointerAttribute_t a{};
+    if (hipPointerGetAttributes(&a, p) != hipSuccess) {
+      (void)hipGetLastError();
+      return false;
+    }
+#if HIP_VERSION_MAJOR >= 6
+    return a.type == hipMemoryTypeHost;
+#else
+    return a.memoryType == hipMemoryTypeHost;
+#endif
+  }
   // Migrates managed memory to `device` (-1: the host) in the order of `s`.
   static error_t prefetch(const void* p, std::size_t n, int device, stream_t s)
   {

@@ -33,6 +33,7 @@ concept backend_runtime = requires(void* p, const void* cp, std::size_t n, int d
   { R::set_async_release_threshold(d, n) } -> std::same_as<void>;
   { R::allocate_pinned(n) } -> std::same_as<void*>;
   { R::deallocate_pinned(p) } noexcept -> std::same_as<void>;
+  { R::is_pinned(p) } noexcept -> std::same_as<bool>;
   { R::copy(p, cp, n) } -> std::same_as<void>;
   { R::copy_async(p, cp, n, s) } -> std::same_as<void>;
   { R::copy_peer_async(p, d, cp, d, n, s) } -> std::same_as<void>;

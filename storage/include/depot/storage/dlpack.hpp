@@ -49,8 +49,9 @@ struct dlpack_export {
 }  // namespace detail
 
 // Exports a view, zero-copy. The returned tensor holds a reference to the view's storage
-// until its deleter is called (by the consumer, exactly once). data is the storage's base
-// (aligned as the pool's blocks) and byte_offset the view's offset; strides are in elements.
+// until its deleter is called (by the consumer, exactly once). data is the view's first
+// element and byte_offset 0, as PyTorch and CuPy export (PyTorch's importer ignores
+// byte_offset, so a base pointer plus an offset would be misread); strides are in elements.
 template <class T, device D>
 [[nodiscard]] DLManagedTensor* to_dlpack(const strided_view<T, D>& view)
 {
@@ -61,7 +62,7 @@ template <class T, device D>
     ctx->strides[static_cast<std::size_t>(d)] = l.stride(d);
   }
   DLTensor& t = ctx->tensor.dl_tensor;
-  t.data = view.data() - l.offset();
+  t.data = view.data();
   int device_index = 0;
   if constexpr (is_gpu_v<D>) device_index = view.get_storage().impl().device();
   t.device = DLDevice{dlpack_device_type<D>(), device_index};
@@ -69,7 +70,7 @@ template <class T, device D>
   t.dtype = dlpack_dtype<T>();
   t.shape = ctx->shape.data();
   t.strides = ctx->strides.data();
-  t.byte_offset = static_cast<std::uint64_t>(l.offset()) * sizeof(T);
+  t.byte_offset = 0;
   ctx->tensor.manager_ctx = ctx;
   ctx->tensor.deleter = [](DLManagedTensor* self) {
     delete static_cast<detail::dlpack_export<T, D>*>(self->manager_ctx);

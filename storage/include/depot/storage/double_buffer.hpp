@@ -108,14 +108,36 @@ class double_buffer {
   // only until the copy out of the same staging buffer two steps earlier has finished.
   void prefetch_next(std::span<const T> host_data)
   {
-    DEPOT_EXPECTS(host_data.size() == n_,
-                  "depot::double_buffer::prefetch_next: host_data has " +
-                      std::to_string(host_data.size()) + " elements, the buffers hold " +
-                      std::to_string(n_) + " (" + layout_.to_string() + ")");
-    DEPOT_EXPECTS(host_data.data() != nullptr, "depot::double_buffer::prefetch_next: null host_data");
+    check_batch("prefetch_next", host_data);
     prefetch_next_with([&](std::span<T> staging) {
       std::memcpy(staging.data(), host_data.data(), bytes());
     });
+  }
+
+  // Starts the copy of host_data (exactly size() elements of page-locked memory, e.g. from
+  // pinned_pool<D>, so the copy engine reads it directly: no staging copy on the host) into
+  // the buffer that is not current, and returns at once. The copy reads host_data in the
+  // background: change or free it only after the prefetch_next*() two calls later has
+  // returned (it waits for this copy), or after copy_stream() is synchronised. Pageable
+  // host_data is refused (depot::invalid_argument: use prefetch_next). On the host backend
+  // any memory is accepted (its copies are synchronous).
+  void prefetch_next_async(std::span<const T> host_data)
+  {
+    check_batch("prefetch_next_async", host_data);
+    if constexpr (is_gpu_v<D>) {
+      DEPOT_EXPECTS(runtime<D>::is_pinned(host_data.data()),
+                    "depot::double_buffer::prefetch_next_async: host_data is not page-locked memory; "
+                    "use prefetch_next (staged) or memory from depot::pinned_pool");
+    }
+    DEPOT_EXPECTS(!pending_, "depot::double_buffer::prefetch_next: a prefetch is already pending; "
+                             "call swap() before the next prefetch_next()");
+    const std::size_t b = 1 - cur_;
+    if (copied_recorded_[b]) copied_[b].synchronize();  // the copy two steps ago has read its source
+    if (released_recorded_[b]) copy_.wait(released_[b]);  // the consumer is done reading b
+    runtime<D>::copy_async(data_of(b), host_data.data(), bytes(), copy_.native());
+    copied_[b].record(copy_.ref());
+    copied_recorded_[b] = true;
+    pending_ = true;
   }
 
   // As prefetch_next, but fill(std::span<T>) writes the next batch straight into the pinned
@@ -163,6 +185,15 @@ class double_buffer {
   [[nodiscard]] stream_ref<D> consumer_stream() const noexcept { return consumer_; }
 
  private:
+  // A host batch for prefetch_next*(): exactly size() elements, not null.
+  void check_batch(const char* call, std::span<const T> host_data) const
+  {
+    DEPOT_EXPECTS(host_data.size() == n_, std::string{"depot::double_buffer::"} + call + ": host_data has " +
+                                              std::to_string(host_data.size()) + " elements, the buffers hold " +
+                                              std::to_string(n_) + " (" + layout_.to_string() + ")");
+    DEPOT_EXPECTS(host_data.data() != nullptr, std::string{"depot::double_buffer::"} + call + ": null host_data");
+  }
+
   static int checked_device(int device)
   {
     runtime<D>::check_device(device);

@@ -15,7 +15,8 @@ struct prefetch_options {
 
   std::size_t lookahead = 2;    // batches taken from the producer and not yet delivered, at most
   std::size_t num_workers = 1;  // host threads staging batches
-  bool pin_memory = true;       // stage through pinned_pool<D>; false: copy from pageable memory
+  bool pin_memory = true;       // stage pageable batches through pinned_pool<D> (page-locked
+                                // batches are always copied directly); false: copy as given
   int device = 0;               // device index of the backend
 };
 

@@ -318,7 +318,8 @@ class prefetcher {
     const std::size_t n = src.size();
     device_storage<T, D> out{n, options_.device, copy_.ref()};
     const std::size_t bytes = n * sizeof(T);
-    if (n > 0 && options_.pin_memory) {
+    // Page-locked batches are read by the copy engine directly; others go through staging.
+    if (n > 0 && options_.pin_memory && !runtime<D>::is_pinned(src.data())) {
       auto& pinned = pinned_pool<D>(options_.device);
       // Written by this host thread: keyed to the default stream, never to the copy stream,
       // so the pool reuses it only after the copy out of it (declared below) is done.
@@ -335,7 +336,7 @@ class prefetcher {
     } else if (n > 0) {
       runtime<D>::copy_async(out.data(), src.data(), bytes, copy_.native());
       done.record(copy_.ref());
-      done.synchronize();  // pageable source: held until the copy has read it
+      done.synchronize();  // held until the copy has read it
     } else {
       done.record(copy_.ref());
     }

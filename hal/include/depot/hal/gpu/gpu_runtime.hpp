@@ -34,6 +34,9 @@ class gpu_runtime {
   static void set_async_release_threshold(int device, std::size_t bytes);
   static void* allocate_pinned(std::size_t bytes);
   static void deallocate_pinned(void* ptr) noexcept;
+  // Whether ptr is page-locked host memory, which the device's copy engines read directly
+  // (so an asynchronous copy from it needs no staging). False for null or pageable memory.
+  static bool is_pinned(const void* ptr) noexcept;
 
   // Managed (unified) memory, reachable from the host and from every device (GPU-only; not
   // part of backend_runtime). supports_managed_memory: the device can allocate it at all;

@@ -33,6 +33,9 @@ class host_runtime {
   static void set_async_release_threshold(int device, std::size_t bytes);
   static void* allocate_pinned(std::size_t bytes);
   static void deallocate_pinned(void* ptr) noexcept;
+  // Always false: the host backend has no page-locked memory apart from other memory (its
+  // "asynchronous" copies are synchronous memcpy), so staging code keeps its staged path.
+  static bool is_pinned(const void*) noexcept { return false; }
 
   static void copy(void* dst, const void* src, std::size_t bytes);
   static void copy_async(void* dst, const void* src, std::size_t bytes, native_stream stream);
