@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Part of depot: the memory layer for host, CUDA and HIP tensor data.
 // `depot-bench ops`: ops/ kernels against the backend's own memset / memcpy measured in the
-// same run, over sizes from 4 KiB to --size. Device events, warm-up, median; bytes counted
-// as read + written (index bytes not counted, as Spatter does). GB/s and the ratio to the
-// anchor are printed; the JSON has every number. PyTorch's numbers for the same shapes come
-// from bench/torch_ops.py (tools/gpu-check runs both and bench/compare_ops.py joins them).
+// same run, over sizes from 4 KiB to --size, then other dtypes and index patterns at --size.
+// Device events, warm-up, median; bytes counted as read + written (index bytes not counted,
+// as Spatter does). GB/s and the ratio to the anchor are printed; the JSON has every number.
+// PyTorch's numbers for the same shapes come from bench/torch_ops.py (tools/gpu-check runs
+// both and bench/compare_ops.py joins them).
 #include "bench_result.hpp"
 #include "timing.hpp"
 
@@ -17,8 +18,12 @@
 #include <depot/ops/gather.hpp>
 #include <depot/ops/masked_select.hpp>
 #include <depot/ops/scatter.hpp>
+#include <depot/storage/array_ref.hpp>
+#include <depot/storage/dtype.hpp>
+#include <depot/storage/element_kernels.hpp>
 #include <depot/storage/strided_view.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -36,6 +41,100 @@ strided_view<T, D> upload(const std::vector<T>& host, std::initializer_list<std:
   auto v = strided_view<T, D>::empty(shape);
   runtime<D>::copy(v.data(), host.data(), host.size() * sizeof(T));
   return v;
+}
+
+// Device memory of `bytes` bytes, for kernels called through run-time dtypes.
+template <device D>
+struct raw_buffer {
+  explicit raw_buffer(std::size_t bytes) : view{strided_view<std::uint8_t, D>::empty({static_cast<std::int64_t>(bytes)})} {}
+  [[nodiscard]] array_ref as(dtype t, std::initializer_list<std::int64_t> shape) const
+  {
+    return array_ref::of(view.data(), t, layout::contiguous(shape));
+  }
+  strided_view<std::uint8_t, D> view;
+};
+
+// Spatter's UNIFORM:len:stride pattern (index j of each group = j * stride), repeated with
+// delta = len * stride between groups: n indices in all.
+std::vector<std::int64_t> uniform_pattern(std::int64_t n, std::int64_t len, std::int64_t stride)
+{
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) idx[static_cast<std::size_t>(i)] = (i / len) * len * stride + (i % len) * stride;
+  return idx;
+}
+
+// At the largest size: the same kernels over other dtypes (fill, copy, transpose, gather of
+// rows of 256 elements), and element gathers / scatter-adds over index patterns (Spatter's
+// UNIFORM:len:stride, uniform random, sorted random) on fp32; bytes read + written, index
+// bytes not counted (as Spatter counts).
+template <device D>
+nlohmann::json sweep_at(const options& opts, std::size_t bytes, double memset_gbps, double memcpy_gbps,
+                        std::mt19937_64& rng)
+{
+  nlohmann::json rows = nlohmann::json::array();
+  const stream_ref<D> s{};
+  const auto report = [&](const std::string& name, double moved, double ms, double anchor) {
+    const double gbps = moved / (ms * 1e6);
+    std::printf("  %-34s %10s %10.4f %10.1f %10.1f %8.2f\n", name.c_str(), format_bytes(bytes).c_str(), ms, gbps,
+                anchor, gbps / anchor);
+    rows.push_back({{"device", std::string{D::name}}, {"operation", name}, {"bytes", bytes}, {"median_ms", ms},
+                    {"gbps", gbps}, {"anchor", anchor}, {"ratio", gbps / anchor}});
+  };
+  std::printf("  -- other dtypes and index patterns at %s --\n", format_bytes(bytes).c_str());
+  const raw_buffer<D> a{bytes}, b{bytes};
+  runtime<D>::set_async(a.view.data(), 0x11, bytes, s.native());  // finite in every dtype
+  for (const dtype t : {dtype::int8, dtype::float16, dtype::float64}) {
+    const auto es = static_cast<std::int64_t>(size_of(t));
+    const std::int64_t r = std::max<std::int64_t>(static_cast<std::int64_t>(bytes) / es / row_floats, 1);
+    const double moved = static_cast<double>(r * row_floats * es);
+    const auto src = a.as(t, {r, row_floats});
+    const auto dst = b.as(t, {r, row_floats});
+    const auto dst_t = b.as(t, {row_floats, r});
+    auto src_t = src;  // the transpose of src as a strided ref
+    std::swap(src_t.shape[0], src_t.shape[1]);
+    std::swap(src_t.strides[0], src_t.strides[1]);
+    const std::string tn{to_string(t)};
+    std::uint64_t value = 0x3C3C3C3C3C3C3C3Cull;
+    std::vector<std::int64_t> rows_idx(static_cast<std::size_t>(r));
+    for (auto& v : rows_idx) v = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(r));
+    const auto idx = upload<std::int64_t, D>(rows_idx, {r});
+    report("fill " + tn, moved, median_ms<D>(opts, s, 0, [&] { kernels::fill<D>(dst, &value, s); }), memset_gbps);
+    report("copy contiguous " + tn, 2 * moved, median_ms<D>(opts, s, 0, [&] { kernels::copy<D>(dst, src, s); }),
+           memcpy_gbps);
+    report("copy transpose " + tn, 2 * moved, median_ms<D>(opts, s, 0, [&] { kernels::copy<D>(dst_t, src_t, s); }),
+           memcpy_gbps);
+    report("gather rows " + tn, 2 * moved,
+           median_ms<D>(opts, s, 0, [&] { kernels::gather<D>(dst, src, 0, idx.ref(), s); }), memcpy_gbps);
+  }
+  // Element patterns on fp32: n outputs; the source is as large as the pattern reaches.
+  const std::int64_t n = static_cast<std::int64_t>(bytes / sizeof(float)) / 4;  // room for stride 4
+  struct pattern {
+    std::string name;
+    std::vector<std::int64_t> idx;
+  };
+  std::vector<pattern> patterns;
+  patterns.push_back({"UNIFORM:8:1", uniform_pattern(n, 8, 1)});
+  patterns.push_back({"UNIFORM:8:4", uniform_pattern(n, 8, 4)});
+  std::vector<std::int64_t> random(static_cast<std::size_t>(n));
+  for (auto& v : random) v = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(n));
+  patterns.push_back({"random", random});
+  std::sort(random.begin(), random.end());
+  patterns.push_back({"sorted random", std::move(random)});
+  const raw_buffer<D> out{static_cast<std::size_t>(n) * sizeof(float)};
+  runtime<D>::set_async(out.view.data(), 0x11, static_cast<std::size_t>(n) * sizeof(float), s.native());
+  const double moved = 2.0 * static_cast<double>(n) * sizeof(float);
+  for (const pattern& p : patterns) {
+    const std::int64_t reach = *std::max_element(p.idx.begin(), p.idx.end()) + 1;
+    const auto idx = upload<std::int64_t, D>(p.idx, {n});
+    const auto src = a.as(dtype::float32, {reach});
+    const auto dst = out.as(dtype::float32, {n});
+    report("gather elements " + p.name, moved,
+           median_ms<D>(opts, s, 0, [&] { kernels::gather<D>(dst, src, 0, idx.ref(), s); }), memcpy_gbps);
+    report("scatter-add elements " + p.name, 1.5 * moved,
+           median_ms<D>(opts, s, 0, [&] { kernels::scatter<D>(src, 0, idx.ref(), dst, scatter_mode::add, s); }),
+           memcpy_gbps);
+  }
+  return rows;
 }
 
 template <device D>
@@ -111,6 +210,9 @@ nlohmann::json ops_for(const options& opts)
     for (const op_row& o : ops) {
       const double ms = median_ms<D>(opts, s, 0, o.run);
       report(o.name, ms, o.moved / (ms * 1e6), o.vs_memset ? memset_gbps : memcpy_gbps);
+    }
+    if (bytes == sizes.back()) {
+      for (auto& row : sweep_at<D>(opts, bytes, memset_gbps, memcpy_gbps, rng)) rows.push_back(row);
     }
   }
   return rows;

@@ -40,8 +40,10 @@ void fill_elements(U* p, std::int64_t n, U v, stream_ref<D> stream)
 
 // Host fills up to this size run on the calling thread: an OpenMP team costs ~1 us to start
 // (10x a 4 KiB memset) and, on a loaded machine, a descheduled team member stalls the whole
-// fill for a scheduler tick (4-8 ms seen on 2- and 16-core VMs).
-constexpr std::int64_t host_serial_fill_bytes = std::int64_t{256} << 10;
+// fill for a scheduler tick (4-8 ms seen on 2- and 16-core VMs). Larger fills split into
+// chunks of host_fill_chunk_bytes, each filled by one thread at memset speed.
+constexpr std::int64_t host_serial_fill_bytes = std::int64_t{1} << 20;
+constexpr std::int64_t host_fill_chunk_bytes = std::int64_t{256} << 10;
 
 // Whether every byte of v is the same (zero, all ones, ...): then memset writes it.
 template <class U>
@@ -53,20 +55,58 @@ bool uniform_bytes(const U& v, unsigned char& byte)
   return std::all_of(b, b + sizeof(U), [&](unsigned char x) { return x == b[0]; });
 }
 
+// A serial fill at memset speed: on x86-64 the string store instruction (`rep stos`, the
+// fast-string path memset itself uses, with no read-for-ownership of the lines it writes);
+// elsewhere a plain loop.
+template <class U>
+void fill_serial(U* p, std::int64_t n, U v)
+{
+#if defined(__x86_64__)
+  auto count = static_cast<std::size_t>(n);
+  void* dst = p;
+  if constexpr (sizeof(U) == 8) {
+    std::uint64_t x;
+    std::memcpy(&x, &v, 8);
+    asm volatile("rep stosq" : "+D"(dst), "+c"(count) : "a"(x) : "memory");
+  } else if constexpr (sizeof(U) == 4) {
+    std::uint32_t x;
+    std::memcpy(&x, &v, 4);
+    asm volatile("rep stosl" : "+D"(dst), "+c"(count) : "a"(x) : "memory");
+  } else if constexpr (sizeof(U) == 2) {
+    std::uint16_t x;
+    std::memcpy(&x, &v, 2);
+    asm volatile("rep stosw" : "+D"(dst), "+c"(count) : "a"(x) : "memory");
+  } else {
+    std::fill_n(p, n, v);
+  }
+#else
+  std::fill_n(p, n, v);
+#endif
+}
+
 template <class D, class U>
 void fill_contiguous(U* p, std::int64_t n, U v, stream_ref<D> stream)
 {
   if constexpr (!is_gpu_v<D>) {
     const std::int64_t bytes = n * static_cast<std::int64_t>(sizeof(U));
-    if (bytes <= host_serial_fill_bytes) {
-      unsigned char byte = 0;
-      if (uniform_bytes(v, byte)) {
-        std::memset(p, byte, static_cast<std::size_t>(bytes));
+    unsigned char byte = 0;
+    const bool uniform = uniform_bytes(v, byte);
+    const auto fill_range = [p, v, uniform, byte](std::int64_t lo, std::int64_t len) {
+      if (uniform) {
+        std::memset(p + lo, byte, static_cast<std::size_t>(len) * sizeof(U));
       } else {
-        std::fill_n(p, n, v);
+        fill_serial(p + lo, len, v);
       }
+    };
+    if (bytes <= host_serial_fill_bytes) {
+      fill_range(0, n);
       return;
     }
+    const std::int64_t chunk = host_fill_chunk_bytes / static_cast<std::int64_t>(sizeof(U));
+    const std::int64_t chunks = (n + chunk - 1) / chunk;
+    Kokkos::parallel_for("depot::fill", make_range<D, std::int64_t>(stream, chunks),
+                         [=](std::int64_t c) { fill_range(c * chunk, std::min(chunk, n - c * chunk)); });
+    return;
   }
   const auto addr = reinterpret_cast<std::uintptr_t>(p);
   if (addr % sizeof(U) != 0 || n < 64) {
