@@ -2,7 +2,8 @@
 // Part of depot: the memory layer for host, CUDA and HIP tensor data.
 // The lifetime planner: lifetimes from steps and from traces, the lower bound, plans checked
 // by a brute-force overlap test (and the planner's own verifier checked against it), the
-// 1.05x target on the generated shapes, and the reuse suggestions.
+// 1.05x target on the generated shapes and on the recorded trace
+// bench/traces/alloc_host_2threads.json, the search options, and the reuse suggestions.
 #include "test_devices.hpp"
 #include "trace_shapes.hpp"
 
@@ -12,7 +13,10 @@
 #include <depot/pool/lifetime_planner.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <string>
@@ -59,6 +63,29 @@ std::size_t brute_force_lower_bound(const planner& pl)
     best = std::max(best, bytes);
   }
   return best;
+}
+
+// bench/traces/alloc_host_2threads.json in the source tree: $DEPOT_SOURCE_DIR if set, else
+// found from this file's path as the compiler saw it (relative to the build directory) and
+// from the working directory and its parents (meson runs tests inside the build directory).
+std::filesystem::path recorded_trace_path(std::string& looked)
+{
+  const std::filesystem::path rel = std::filesystem::path{"bench"} / "traces" / "alloc_host_2threads.json";
+  std::vector<std::filesystem::path> candidates;
+  if (const char* dir = std::getenv("DEPOT_SOURCE_DIR")) candidates.push_back(std::filesystem::path{dir} / rel);
+  const std::filesystem::path source_root = std::filesystem::path{__FILE__}.parent_path().parent_path();
+  std::error_code ec;
+  for (std::filesystem::path at = std::filesystem::current_path(ec); !ec;) {
+    candidates.push_back(source_root.is_absolute() ? source_root / rel : at / source_root / rel);
+    candidates.push_back(at / rel);
+    if (at == at.parent_path() || candidates.size() > 24) break;
+    at = at.parent_path();
+  }
+  for (const auto& c : candidates) {
+    looked += " " + c.string();
+    if (std::filesystem::is_regular_file(c, ec)) return c;
+  }
+  return {};
 }
 
 }  // namespace
@@ -254,4 +281,58 @@ TEST_CASE("planner: the generated trace shapes plan within 1.05x of the lower bo
     }
     CHECK(sug.total_bytes - sug.reuse_saved_bytes >= sug.lower_bound);
   }
+}
+
+TEST_CASE("planner: the recorded trace plans within 1.05x of the lower bound")
+{
+  std::string looked;
+  const std::filesystem::path file = recorded_trace_path(looked);
+  INFO("looked for the trace at:" << looked);
+  REQUIRE_FALSE(file.empty());
+  const planner pl{depot::read_trace(file)};
+  REQUIRE(pl.lifetimes().size() == 2400);
+  const auto t0 = std::chrono::steady_clock::now();
+  const planner::plan p = pl.compute_reuse_plan();  // the default budget and seed
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("[planner] %-20s %6zu buffers  lower bound %12zu  arena %12zu  ratio %.4f (%s; %.2f s, %llu visits)\n",
+              "recorded trace", pl.lifetimes().size(), p.lower_bound, p.arena_bytes, p.ratio(), p.strategy.c_str(),
+              seconds, static_cast<unsigned long long>(p.work));
+  CHECK(p.lower_bound == 55535616);  // 53.0 MiB alive at once (aligned to 512)
+  CHECK(p.lower_bound == brute_force_lower_bound(pl));
+  CHECK(brute_force_check(pl, p) == "");
+  CHECK_FALSE(pl.verify_plan(p).has_value());
+  CHECK(p.ratio() <= 1.05);
+  CHECK(p.work <= planner::plan_options{}.work_budget + planner::plan_options{}.work_budget / 20);
+}
+
+TEST_CASE("planner: the search is deterministic for a seed and budget, and bounded by them")
+{
+  const planner pl{depot::test::random_trace(depot::test::seed("planner search options", 77), 600, 1 << 20)};
+  planner::plan_options o;
+  o.work_budget = 0;  // the greedy orderings only
+  const planner::plan greedy = pl.compute_reuse_plan(o);
+  CHECK(greedy.work == 0);
+  CHECK(greedy.strategy.find("sweep") == std::string::npos);
+  CHECK(greedy.strategy.find("squeaky") == std::string::npos);
+  CHECK_FALSE(pl.verify_plan(greedy).has_value());
+  o.work_budget = 40'000'000;
+  o.seed = 5;
+  const planner::plan a = pl.compute_reuse_plan(o);
+  const planner::plan b = pl.compute_reuse_plan(o);
+  CHECK(a.offsets == b.offsets);
+  CHECK(a.arena_bytes == b.arena_bytes);
+  CHECK(a.strategy == b.strategy);
+  CHECK(a.work == b.work);
+  CHECK(a.arena_bytes <= greedy.arena_bytes);
+  CHECK(a.work <= o.work_budget + o.work_budget / 20);
+  CHECK(brute_force_check(pl, a) == "");
+  CHECK_FALSE(pl.verify_plan(a).has_value());
+  // a time limit stops the search early and still gives a valid plan
+  o.work_budget = std::uint64_t{1} << 50;
+  o.time_limit_seconds = 0.2;
+  const auto t0 = std::chrono::steady_clock::now();
+  const planner::plan limited = pl.compute_reuse_plan(o);
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 5.0);
+  CHECK(brute_force_check(pl, limited) == "");
+  CHECK(limited.arena_bytes <= greedy.arena_bytes);
 }

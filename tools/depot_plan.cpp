@@ -3,6 +3,7 @@
 // depot-plan FILE: plans one arena for every buffer of a recorded trace (depot JSON or RMM
 // CSV) and prints the plan against the lower bound and the caching allocator's peak
 // reserved on the same trace (replayed on a simulated device). Verifies its own plan.
+// --seed, --budget and --time-limit set the planner's search (lifetime_planner::plan_options).
 // Exit status: 0 valid plan, 1 the plan failed verification, 2 bad arguments or file.
 #include <depot/config.hpp>
 #include <depot/hal/format_bytes.hpp>
@@ -107,6 +108,18 @@ int main(int argc, char** argv)
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 30))
       ->capture_default_str();
   app.add_flag("--full", full, "list every buffer of the plan, in offset order");
+  depot::lifetime_planner::plan_options plan_opts;
+  app.add_option("--seed", plan_opts.seed,
+                 "seed of the planner's search (the same seed and budget give the same plan)")
+      ->capture_default_str();
+  app.add_option("--budget", plan_opts.work_budget,
+                 "planner search budget in buffer visits (a few ns each; the default is about 3 s for 2 400 "
+                 "buffers); 0: greedy orderings only")
+      ->capture_default_str();
+  app.add_option("--time-limit", plan_opts.time_limit_seconds,
+                 "stop the planner's search after this many seconds (0: none; a limit makes the plan depend on speed)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -131,7 +144,7 @@ int main(int argc, char** argv)
   try {
     const auto t0 = std::chrono::steady_clock::now();
     const depot::lifetime_planner planner{trace, alignment};
-    const depot::lifetime_planner::plan plan = planner.compute_reuse_plan();
+    const depot::lifetime_planner::plan plan = planner.compute_reuse_plan(plan_opts);
     const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const depot::lifetime_planner::suggestions sug = planner.optimization_suggestions();
     const replay_result replay = replay_on_caching_allocator(trace, capacity, cfg);
@@ -176,8 +189,10 @@ int main(int argc, char** argv)
 
     const double lb = plan.lower_bound == 0 ? 1.0 : static_cast<double>(plan.lower_bound);
     std::printf("\n  lower bound (most bytes alive at once)  %s\n", bytes(plan.lower_bound).c_str());
-    std::printf("  planned arena                           %s  %.4fx the lower bound (greedy by %s, %.3f s)\n",
-                bytes(plan.arena_bytes).c_str(), plan.ratio(), plan.strategy.c_str(), plan_s);
+    std::printf("  planned arena                           %s  %.4fx the lower bound (%s; %.3f s, %llu buffer visits, "
+                "seed %llu)\n",
+                bytes(plan.arena_bytes).c_str(), plan.ratio(), plan.strategy.c_str(), plan_s,
+                static_cast<unsigned long long>(plan.work), static_cast<unsigned long long>(plan_opts.seed));
     std::printf("  caching allocator peak reserved         %s  %.4fx the lower bound (replayed on a simulated "
                 "device of %s%s%s)\n",
                 bytes(replay.peak_reserved).c_str(), static_cast<double>(replay.peak_reserved) / lb,

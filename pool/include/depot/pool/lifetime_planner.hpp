@@ -64,12 +64,25 @@ class lifetime_planner {
     std::vector<std::size_t> offsets;
     std::size_t arena_bytes = 0;
     std::size_t lower_bound = 0;
-    std::string strategy;  // which ordering produced it ("size", "breadth", ...)
+    std::string strategy;    // which method produced it ("size, best fit", "time sweep under a cap ...", ...)
+    std::uint64_t work = 0;  // search work spent, in the units of plan_options::work_budget
     // arena_bytes / lower_bound (1 when both are 0).
     [[nodiscard]] double ratio() const noexcept
     {
       return lower_bound == 0 ? 1.0 : static_cast<double>(arena_bytes) / static_cast<double>(lower_bound);
     }
+  };
+
+  // How hard compute_reuse_plan() searches. The plan depends only on the lifetimes, the seed
+  // and the budget (not on the machine), unless time_limit_seconds cuts the search short.
+  struct plan_options {
+    std::uint64_t seed = 20261123;  // the search's random choices
+    // Search effort after the greedy orderings, in buffer visits (one buffer looked at while
+    // placing another, a few ns each). The default takes about 3 s on 2 400 buffers with ~110
+    // alive at a time on a 2-core development VM (bench/traces/alloc_host_2threads.json);
+    // 0 keeps to the greedy orderings (a few placements, milliseconds).
+    std::uint64_t work_budget = 900'000'000;
+    double time_limit_seconds = 0;  // > 0: stop searching after this long (the plan then depends on speed)
   };
 
   // `alignment`: a power of two; buffer sizes and offsets are multiples of it.
@@ -93,11 +106,21 @@ class lifetime_planner {
   [[nodiscard]] std::size_t lower_bound() const;
   [[nodiscard]] suggestions optimization_suggestions() const;
 
-  // Greedy offset assignment after Pisarchyk & Lee 2020 ("Efficient Memory Management for
-  // Deep Neural Net Inference"): buffers in an order (largest first; also widest breadth
-  // first and longest-lived first), each placed in the best-fitting gap among the placed
-  // buffers that overlap it in time, or above them. The best of the orders is returned.
+  // Offsets for every buffer, the smallest arena found within the budget:
+  //  1. greedy orderings after Pisarchyk & Lee 2020 ("Efficient Memory Management for Deep
+  //     Neural Net Inference"): buffers in an order (largest first, widest breadth first,
+  //     longest-lived first), each placed in the best-fitting (or lowest) gap among the placed
+  //     buffers that overlap it in time, or above them; then squeaky-wheel reordering (buffers
+  //     placed above the lower bound move up the order; at most half of the budget);
+  //  2. a time sweep under a cap (the rest of the budget): buffers placed in the order they are
+  //     allocated, each into a hole of the live set scored by the bytes it leaves unused times
+  //     how long until that waste can merge, and by how close the touching neighbour's free
+  //     step is to its own; rollouts of the next allocations pick among the best holes when
+  //     little room is left; live buffers in the way are moved when nothing fits; randomised
+  //     backtracking otherwise. The cap comes down while sweeps succeed.
+  // The best plan of all is returned; `strategy` names it and `work` says what it cost.
   [[nodiscard]] plan compute_reuse_plan() const;
+  [[nodiscard]] plan compute_reuse_plan(const plan_options& options) const;
 
   // Checks `p` against these lifetimes: one offset per buffer, aligned, inside the arena,
   // and no two buffers alive at a common step sharing a byte. Returns what is wrong (naming
