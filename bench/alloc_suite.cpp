@@ -133,12 +133,33 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
              std::find(opts.alloc_only.begin(), opts.alloc_only.end(), x.name) == opts.alloc_only.end();
     });
   }
+  std::printf(" %9s", "workload");
   for (const auto& a : allocators) std::printf(" %14s %7s", a.name.c_str(), "ratio");
   std::printf("\n");
+  // The workload alone (random numbers, the table of live blocks) with an allocator that
+  // does nothing: the floor under every allocator's figure, measured the same way.
+  std::uintptr_t fake = 4096;
+  const allocator_under_test floor{"workload",
+                                   [&fake](std::size_t, native_stream) {
+                                     fake += 512;
+                                     return reinterpret_cast<void*>(fake);
+                                   },
+                                   [](void*, native_stream) {}, [] {}};
   for (std::size_t n : opts.alloc_counts) {
     for (std::size_t max_size : opts.alloc_max_sizes) {
       std::printf("  %8zu %9s", n, (std::to_string(max_size >> 10) + " KiB").c_str());
       double depot_us = 0;
+      double floor_us = 0;
+      for (const auto* ap : std::vector<const allocator_under_test*>{&floor}) {
+        std::vector<double> runs;
+        for (int rep = 0; rep <= opts.alloc_reps; ++rep) {
+          const auto t0 = std::chrono::steady_clock::now();
+          (void)run_workload(*ap, n, max_size, cap, opts.seed, nullptr);
+          if (rep > 0) runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        floor_us = median(runs) * 1e6 / static_cast<double>(n);
+        std::printf(" %9.3f", floor_us);
+      }
       for (const auto& a : allocators) {
         a.reset();
         std::vector<double> runs;
@@ -168,6 +189,7 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
                         {"max_size", max_size},
                         {"threads", opts.threads},
                         {"us_per_pair", us},
+                        {"workload_us_per_pair", floor_us},
                         {"runs", opts.alloc_reps},
                         {"ratio_to_depot", us / depot_us}});
       }

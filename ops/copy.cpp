@@ -9,6 +9,8 @@
 
 #include <depot/storage/element_kernels.hpp>
 
+#include <cstdint>
+#include <cstdlib>
 #include <string>
 
 namespace depot {
@@ -112,6 +114,119 @@ void copy_transposed_gpu(U* dst, const U* src, const transpose_shape& t, stream_
       });
 }
 
+// 1- and 2-byte elements: every global access is a whole 4-byte word (V = 4 / sizeof(U)
+// elements), so a warp reads and writes 128 contiguous bytes, as it does for 4-byte
+// elements (one element per thread would move 32 or 64). A thread loads V words from V
+// neighbouring source columns (a V x V block), transposes the block in registers, and
+// stores V words, one per row, to scratch; the write phase reads scratch row by row, one
+// word per thread. Tiles are 32V x 32V elements; scratch is [32V rows][32 words] with the
+// word column XOR-swizzled by the storing thread's row block, so the stores and the loads
+// each hit 32 distinct banks. Needs word-aligned rows on both sides (packable()); partial
+// words at the edges go element by element.
+template <class D, class U, class I>
+void copy_transposed_packed_gpu(U* dst, const U* src, const transpose_shape& t, stream_ref<D> stream)
+{
+  // I indexes inside one tile (and the tile grid); each tile's origin is computed in 64
+  // bits, so tensors of more than 2^31 elements keep 32-bit arithmetic per word where the
+  // strides allow (packed_index_fits()).
+  using policy = Kokkos::TeamPolicy<exec_space<D>>;
+  using member = typename policy::member_type;
+  using W = std::uint32_t;
+  constexpr int V = 4 / static_cast<int>(sizeof(U));
+  constexpr int bits = 8 * static_cast<int>(sizeof(U));
+  constexpr W lane = (W{1} << bits) - 1;
+  constexpr int T = 32 * V;
+  constexpr int passes = 8;  // a team of 32 x 8 threads
+  const std::int64_t rows = t.rows, cols = t.cols;
+  const std::int64_t tiles_r = (rows + T - 1) / T;
+  const std::int64_t tiles_c = (cols + T - 1) / T;
+  const std::int64_t league = tiles_r * tiles_c * t.batches;
+  DEPOT_EXPECTS(league < (std::int64_t{1} << 31), "depot::copy: too many tiles for one launch");
+  const int grid_c = static_cast<int>(tiles_c), grid_r = static_cast<int>(tiles_r);
+  const std::int64_t dst_row64 = t.dst_row_stride, src_col64 = t.src_col_stride;
+  const I dst_row = static_cast<I>(t.dst_row_stride), src_col = static_cast<I>(t.src_col_stride);
+  const std::size_t scratch = sizeof(W) * T * 32;
+  const auto batch = t.batch;
+  Kokkos::parallel_for(
+      "depot::copy_transpose",
+      policy(D::kokkos::instance(stream), static_cast<int>(league), 32 * passes)
+          .set_scratch_size(0, Kokkos::PerTeam(scratch)),
+      KOKKOS_LAMBDA(const member& m) {
+        W* buf = static_cast<W*>(m.team_shmem().get_shmem(scratch));
+        int id = m.league_rank();
+        const int tc = id % grid_c;
+        id /= grid_c;
+        const int tr = id % grid_r;
+        const int b = id / grid_r;
+        std::int64_t off[2] = {0, 0};
+        if (batch.rank > 0) batch.offsets(std::int64_t{b}, off);
+        const std::int64_t r0 = std::int64_t{tr} * T;
+        const std::int64_t c0 = std::int64_t{tc} * T;
+        const U* src_tile = src + off[1] + c0 * src_col64 + r0;  // element (r0, c0)
+        U* dst_tile = dst + off[0] + r0 * dst_row64 + c0;
+        const I rows_here = static_cast<I>(rows - r0 < T ? rows - r0 : T);
+        const I cols_here = static_cast<I>(cols - c0 < T ? cols - c0 : T);
+        const int x = m.team_rank() % 32;
+        const int y = m.team_rank() / 32;
+        // Read: thread x takes rows V x ... V x + V - 1 of columns V q ... V q + V - 1.
+        const I r = static_cast<I>(V * x);
+        for (int q = y; q < 32; q += passes) {
+          W w[V];
+          for (int k = 0; k < V; ++k) {
+            const I col = static_cast<I>(V * q + k);
+            w[k] = 0;
+            if (col >= cols_here || r >= rows_here) continue;
+            const U* s = src_tile + col * src_col + r;
+            if (r + V <= rows_here) {
+              w[k] = *reinterpret_cast<const W*>(s);
+            } else {
+              for (int j = 0; r + j < rows_here; ++j) w[k] |= W{s[j]} << (bits * j);
+            }
+          }
+          for (int j = 0; j < V; ++j) {  // row r + j, columns V q ... V q + V - 1
+            W o = 0;
+            for (int k = 0; k < V; ++k) o |= ((w[k] >> (bits * j)) & lane) << (bits * k);
+            buf[(V * x + j) * 32 + (q ^ x)] = o;
+          }
+        }
+        m.team_barrier();
+        // Write: thread x takes columns V x ... V x + V - 1 of each row.
+        const I c = static_cast<I>(V * x);
+        for (int p = y; p < T; p += passes) {
+          if (p >= rows_here || c >= cols_here) break;
+          const W o = buf[p * 32 + (x ^ (p / V))];
+          U* d = dst_tile + static_cast<I>(p) * dst_row + c;
+          if (c + V <= cols_here) {
+            *reinterpret_cast<W*>(d) = o;
+          } else {
+            for (int k = 0; c + k < cols_here; ++k) d[k] = static_cast<U>((o >> (bits * k)) & lane);
+          }
+        }
+      });
+}
+
+// Whether offsets inside one packed tile fit in 32 bits.
+template <class U>
+bool packed_index_fits(const transpose_shape& t) noexcept
+{
+  constexpr std::int64_t T = 32 * (4 / static_cast<std::int64_t>(sizeof(U)));
+  constexpr std::int64_t limit = (std::int64_t{1} << 31) - 1;
+  return std::abs(t.src_col_stride) * T + T < limit && std::abs(t.dst_row_stride) * T + T < limit;
+}
+
+// Whether every word the packed kernel touches is 4-byte aligned on both sides.
+template <class U>
+bool packable(const U* dst, const U* src, const transpose_shape& t) noexcept
+{
+  constexpr auto s = static_cast<std::int64_t>(sizeof(U));
+  bool ok = reinterpret_cast<std::uintptr_t>(dst) % 4 == 0 && reinterpret_cast<std::uintptr_t>(src) % 4 == 0 &&
+            t.dst_row_stride * s % 4 == 0 && t.src_col_stride * s % 4 == 0;
+  for (int d = 0; d < t.batch.rank; ++d) {
+    ok = ok && t.batch.strides[0][d] * s % 4 == 0 && t.batch.strides[1][d] * s % 4 == 0;
+  }
+  return ok;
+}
+
 template <class D, class U>
 void copy_transposed(U* dst, const U* src, const transpose_shape& t, stream_ref<D> stream)
 {
@@ -125,6 +240,16 @@ void copy_transposed(U* dst, const U* src, const transpose_shape& t, stream_ref<
                            std::abs(a == 0 ? std::int64_t{1} : t.src_col_stride) * (t.cols - 1);
       for (int d = 0; d < t.batch.rank; ++d) reach += std::abs(t.batch.strides[a][d]) * (t.batch.shape[d] - 1);
       small = reach < (std::int64_t{1} << 31);
+    }
+    if constexpr (sizeof(U) < 4) {
+      if (packable(dst, src, t)) {
+        if (packed_index_fits<U>(t)) {
+          copy_transposed_packed_gpu<D, U, std::int32_t>(dst, src, t, stream);
+        } else {
+          copy_transposed_packed_gpu<D, U, std::int64_t>(dst, src, t, stream);
+        }
+        return;
+      }
     }
     if (small) {
       copy_transposed_gpu<D, U, std::int32_t>(dst, src, t, stream);

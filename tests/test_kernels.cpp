@@ -218,8 +218,12 @@ TEST_CASE_TEMPLATE("ops: copy between any layouts and dtypes matches a reference
 TEST_CASE_TEMPLATE("ops: permuted copies take the tiled path and match", D, DEPOT_TEST_DEVICES)
 {
   std::mt19937_64 rng{depot::test::seed("ops transpose", 7)};
+  // Shapes whose strides are whole 4-byte words for 1- and 2-byte dtypes take the packed
+  // GPU path (with partial tiles and partial words at the edges); the others do not.
   for (auto shape : {std::vector<std::int64_t>{37, 45}, std::vector<std::int64_t>{3, 64, 33},
-                     std::vector<std::int64_t>{130, 9}, std::vector<std::int64_t>{2, 3, 40, 50}}) {
+                     std::vector<std::int64_t>{130, 9}, std::vector<std::int64_t>{2, 3, 40, 50},
+                     std::vector<std::int64_t>{300, 260}, std::vector<std::int64_t>{3, 200, 132},
+                     std::vector<std::int64_t>{2, 130, 66}, std::vector<std::int64_t>{129, 68}}) {
     for (dtype t : {dtype::uint8, dtype::float16, dtype::float32, dtype::float64}) {
       const layout sl = layout::contiguous(layout::extents{shape.data(), shape.size()});
       // The destination's fastest dimension is the source's first (a transpose of the last two).
@@ -619,6 +623,25 @@ TEST_CASE_TEMPLATE("ops: more than 2^32 elements take the 64-bit paths", D, DEPO
     depot::ops::fill(m, false);
     depot::ops::fill(m.slice(0, n - 3, n), true);
     CHECK(depot::ops::masked_select(x, m).to_host_vector() == std::vector<std::uint8_t>{9, 9, 9});
+    x = {};
+    m = {};
+    // A transpose of 2^32 + 29 million bytes: the packed tiles with 64-bit tile origins,
+    // partial tiles and partial words on both edges. Every element is checked.
+    const std::int64_t rows = (std::int64_t{1} << 24) + 4, cols = 260;
+    auto pattern = [](std::int64_t i, std::int64_t j) { return static_cast<std::uint8_t>(i * 7 + j * 13 + (i >> 8)); };
+    std::vector<std::uint8_t> host(static_cast<std::size_t>(rows * cols));
+    for (std::int64_t i = 0; i < rows; ++i) {
+      for (std::int64_t j = 0; j < cols; ++j) host[static_cast<std::size_t>(i * cols + j)] = pattern(i, j);
+    }
+    auto a = depot::strided_view<std::uint8_t, D>::empty({rows, cols});
+    depot::runtime<D>::copy(a.data(), host.data(), host.size());
+    const auto at = a.transpose(0, 1).contiguous().to_host_vector();  // [cols, rows]
+    REQUIRE(at.size() == host.size());
+    std::int64_t wrong = 0;
+    for (std::int64_t j = 0; j < cols; ++j) {
+      for (std::int64_t i = 0; i < rows; ++i) wrong += at[static_cast<std::size_t>(j * rows + i)] != pattern(i, j);
+    }
+    CHECK(wrong == 0);
   }
 }
 

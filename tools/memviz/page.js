@@ -236,6 +236,12 @@
     const PH = Math.max(canvas.height - Y0 - Math.round(M.bottom * dpr), 10);
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.font = '11px system-ui, sans-serif';
+    // The plot rectangle in CSS pixels of the canvas, for tests/memviz/interact.py: it moves
+    // the mouse onto drawn columns and rows and must know where they are.
+    canvas.dataset.plotLeft = String(X0 / dpr);
+    canvas.dataset.plotTop = String(Y0 / dpr);
+    canvas.dataset.plotWidth = String(PW / dpr);
+    canvas.dataset.plotHeight = String(PH / dpr);
     return { ctx, dpr, cssWidth, cssHeight, X0, Y0, PW, PH };
   }
   function message(g, text) {
@@ -685,8 +691,15 @@
       (D.generator || 'depot-memviz') + '. Wheel or the buttons zoom the time axis, drag pans, double-click shows the whole trace.';
   }
   function drawWindow() {
-    document.getElementById('window').textContent = tr
+    const box = document.getElementById('window');
+    box.textContent = tr
       ? 'showing ' + fmtTime(view.a) + ' \u2013 ' + fmtTime(view.b) + ' of ' + fmtTime(tr.span) : '';
+    // The exact visible time range (ns since the trace began), for tests/memviz/interact.py.
+    if (tr) {
+      box.dataset.viewStart = String(view.a);
+      box.dataset.viewEnd = String(view.b);
+      box.dataset.span = String(tr.span);
+    }
   }
 
   let draws = 0;
@@ -697,6 +710,10 @@
     drawTimeline();
     drawSeries();
     drawWindow();
+    // The mouse did not move but what is under it did (wheel zoom, a button, a resize): the
+    // tooltip is worked out again for where the mouse is, else it would keep describing what
+    // was there before the redraw.
+    if (hoverAt && !drag) showTip(hoverAt, hoverAt.hover(hoverAt));
     draws++;
     root.dataset.drawMs = String(Math.round(performance.now() - t0));
     root.dataset.draws = String(draws);
@@ -715,6 +732,7 @@
     const f = (t - view.a) / w;
     view.a = t - f * nw;
     view.b = view.a + nw;
+    clampView();  // now, not at the redraw: a second wheel event before it must see this view
     schedule();
   }
   function timeAtEvent(canvas, ev) {
@@ -728,18 +746,28 @@
     if (!text) { tip.hidden = true; return; }
     tip.textContent = text;
     tip.hidden = false;
-    const x = ev.clientX + 14, y = ev.clientY + 14;
-    tip.style.left = Math.min(x, window.innerWidth - tip.offsetWidth - 8) + 'px';
-    tip.style.top = Math.min(y, window.innerHeight - tip.offsetHeight - 8) + 'px';
+    // Below right of the mouse, or on its other side where there is no room (not over it).
+    // The room is the root's client box: window.innerWidth/innerHeight include the
+    // scrollbars, and a tooltip kept inside those went partly under the page's scrollbar.
+    const w = tip.offsetWidth, h = tip.offsetHeight, W = root.clientWidth, H = root.clientHeight;
+    let x = ev.clientX + 14, y = ev.clientY + 14;
+    if (x + w + 8 > W) x = ev.clientX - 14 - w;
+    if (y + h + 8 > H) y = ev.clientY - 14 - h;
+    tip.style.left = Math.max(0, Math.min(x, W - w - 8)) + 'px';
+    tip.style.top = Math.max(0, Math.min(y, H - h - 8)) + 'px';
   }
   let drag = null;
+  let hoverAt = null;  // the last mouse position over a plot and its hover function; null when off
   for (const [canvas, hover] of [[timeline, timelineHover], [seriesCanvas, seriesHover]]) {
     canvas.addEventListener('wheel', (ev) => {
       ev.preventDefault();
-      zoomAt(timeAtEvent(canvas, ev), Math.exp(ev.deltaY * 0.002));
+      // deltaY is in pixels in Chromium; Firefox gives a mouse wheel's notches in lines
+      // (deltaMode 1, deltaY 3), which would hardly zoom at all: lines and pages to pixels.
+      const dy = ev.deltaY * (ev.deltaMode === 1 ? 16 : ev.deltaMode === 2 ? window.innerHeight : 1);
+      zoomAt(timeAtEvent(canvas, ev), Math.exp(dy * 0.002));
     }, { passive: false });
     canvas.addEventListener('pointerdown', (ev) => {
-      if (!tr) return;
+      if (!tr || ev.button !== 0) return;  // the left button (or a touch) drags
       drag = { x: ev.clientX, a: view.a, b: view.b, canvas };
       canvas.setPointerCapture(ev.pointerId);
     });
@@ -749,14 +777,17 @@
         const shift = -(ev.clientX - drag.x) / plotW * (drag.b - drag.a);
         view.a = drag.a + shift;
         view.b = drag.b + shift;
+        clampView();
         tip.hidden = true;
         schedule();
         return;
       }
+      hoverAt = { clientX: ev.clientX, clientY: ev.clientY, hover };
       showTip(ev, hover(ev));
     });
     canvas.addEventListener('pointerup', () => { drag = null; });
-    canvas.addEventListener('pointerleave', () => { tip.hidden = true; });
+    canvas.addEventListener('pointercancel', () => { drag = null; });  // else a cancelled drag never ends
+    canvas.addEventListener('pointerleave', () => { hoverAt = null; tip.hidden = true; });
     canvas.addEventListener('dblclick', () => { if (tr) { view.a = 0; view.b = tr.span; schedule(); } });
   }
   segCanvas.addEventListener('pointermove', (ev) => showTip(ev, segmentHover(ev)));
@@ -778,6 +809,18 @@
   bySize.classList.toggle('on', colorBy === 'size');
   byStream.classList.toggle('on', colorBy === 'stream');
   window.addEventListener('resize', () => { schedule(); drawSegments(); });
+  // A canvas takes its box's width when drawn, and that width also changes without a window
+  // resize: the page's scrollbar comes or goes when the segment map (drawn after the plots)
+  // or the error box changes the page's height. CSS then stretches the old drawing, and hover
+  // and zoom miss what is drawn by up to the scrollbar's width. Redraw what no longer fits.
+  if (typeof ResizeObserver === 'function') {
+    new ResizeObserver(() => {
+      const dpr = window.devicePixelRatio || 1;
+      const want = (c) => Math.round(Math.max(c.parentElement.clientWidth, 320) * dpr);
+      if (want(timeline) !== timeline.width || want(seriesCanvas) !== seriesCanvas.width) schedule();
+      if (want(segCanvas) !== segCanvas.width) drawSegments();
+    }).observe(document.body);
+  }
 
   drawHeader();
   drawAll();
