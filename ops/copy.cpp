@@ -123,12 +123,13 @@ void copy_transposed_gpu(U* dst, const U* src, const transpose_shape& t, stream_
 // word column XOR-swizzled by the storing thread's row block, so the stores and the loads
 // each hit 32 distinct banks. Needs word-aligned rows on both sides (packable()); partial
 // words at the edges go element by element.
-template <class D, class U, class I>
+template <class D, class U, class IT, class I>
 void copy_transposed_packed_gpu(U* dst, const U* src, const transpose_shape& t, stream_ref<D> stream)
 {
-  // I indexes inside one tile (and the tile grid); each tile's origin is computed in 64
-  // bits, so tensors of more than 2^31 elements keep 32-bit arithmetic per word where the
-  // strides allow (packed_index_fits()).
+  // IT: the index type of tile origins (32 bits when the whole tensor fits); I: offsets
+  // inside one tile. Tensors of more than 2^31 elements keep 32-bit arithmetic per word
+  // where the strides allow (packed_index_fits()). Each thread moves only 64 bytes each
+  // way, so the per-thread setup counts: 64-bit origins cost about 5 % at 1 GiB.
   using policy = Kokkos::TeamPolicy<exec_space<D>>;
   using member = typename policy::member_type;
   using W = std::uint32_t;
@@ -143,7 +144,8 @@ void copy_transposed_packed_gpu(U* dst, const U* src, const transpose_shape& t, 
   const std::int64_t league = tiles_r * tiles_c * t.batches;
   DEPOT_EXPECTS(league < (std::int64_t{1} << 31), "depot::copy: too many tiles for one launch");
   const int grid_c = static_cast<int>(tiles_c), grid_r = static_cast<int>(tiles_r);
-  const std::int64_t dst_row64 = t.dst_row_stride, src_col64 = t.src_col_stride;
+  const IT dst_row_t = static_cast<IT>(t.dst_row_stride), src_col_t = static_cast<IT>(t.src_col_stride);
+  const IT rows_t = static_cast<IT>(rows), cols_t = static_cast<IT>(cols);
   const I dst_row = static_cast<I>(t.dst_row_stride), src_col = static_cast<I>(t.src_col_stride);
   const std::size_t scratch = sizeof(W) * T * 32;
   const auto batch = t.batch;
@@ -158,14 +160,14 @@ void copy_transposed_packed_gpu(U* dst, const U* src, const transpose_shape& t, 
         id /= grid_c;
         const int tr = id % grid_r;
         const int b = id / grid_r;
-        std::int64_t off[2] = {0, 0};
-        if (batch.rank > 0) batch.offsets(std::int64_t{b}, off);
-        const std::int64_t r0 = std::int64_t{tr} * T;
-        const std::int64_t c0 = std::int64_t{tc} * T;
-        const U* src_tile = src + off[1] + c0 * src_col64 + r0;  // element (r0, c0)
-        U* dst_tile = dst + off[0] + r0 * dst_row64 + c0;
-        const I rows_here = static_cast<I>(rows - r0 < T ? rows - r0 : T);
-        const I cols_here = static_cast<I>(cols - c0 < T ? cols - c0 : T);
+        IT off[2] = {0, 0};
+        if (batch.rank > 0) batch.offsets(static_cast<IT>(b), off);
+        const IT r0 = static_cast<IT>(tr) * T;
+        const IT c0 = static_cast<IT>(tc) * T;
+        const U* src_tile = src + off[1] + c0 * src_col_t + r0;  // element (r0, c0)
+        U* dst_tile = dst + off[0] + r0 * dst_row_t + c0;
+        const I rows_here = static_cast<I>(rows_t - r0 < T ? rows_t - r0 : T);
+        const I cols_here = static_cast<I>(cols_t - c0 < T ? cols_t - c0 : T);
         const int x = m.team_rank() % 32;
         const int y = m.team_rank() / 32;
         // Read: thread x takes rows V x ... V x + V - 1 of columns V q ... V q + V - 1.
@@ -243,10 +245,12 @@ void copy_transposed(U* dst, const U* src, const transpose_shape& t, stream_ref<
     }
     if constexpr (sizeof(U) < 4) {
       if (packable(dst, src, t)) {
-        if (packed_index_fits<U>(t)) {
-          copy_transposed_packed_gpu<D, U, std::int32_t>(dst, src, t, stream);
+        if (small) {
+          copy_transposed_packed_gpu<D, U, std::int32_t, std::int32_t>(dst, src, t, stream);
+        } else if (packed_index_fits<U>(t)) {
+          copy_transposed_packed_gpu<D, U, std::int64_t, std::int32_t>(dst, src, t, stream);
         } else {
-          copy_transposed_packed_gpu<D, U, std::int64_t>(dst, src, t, stream);
+          copy_transposed_packed_gpu<D, U, std::int64_t, std::int64_t>(dst, src, t, stream);
         }
         return;
       }
