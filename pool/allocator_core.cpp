@@ -4,10 +4,14 @@
 // The caching allocator, written once over upstream_resource.
 //
 // Structure: one stream_cache per stream that has allocated. Each holds the segments
-// (upstream allocations) it owns, cut into blocks, and two free indexes (small pool,
-// large pool). A free index is a two-level segregated fit: first level = power of two of
-// the size, second level = 16 subdivisions, one bitmap per level, so finding a free block
-// that fits, inserting and removing are O(1) whatever the number of blocks.
+// (upstream allocations) it owns, cut into blocks, and three free indexes. Requests up to
+// 64 KiB come from dense small segments (2 MiB, one 16-byte entry per 512-byte unit in
+// address order, exact-size free lists with bitmaps: the best fit in O(1)), so a free
+// touches its own entry and its neighbours' in one or two cache lines and finds the block
+// by a search of a short sorted table rather than a hash probe. Larger small requests
+// (to 1 MiB) and the large pool use linked block records and a two-level segregated fit
+// (power of two, 16 subdivisions, bitmaps): O(1) as well, with few records that stay in
+// cache.
 // Locks: each stream_cache has its own mutex and its own table of the blocks it handed out,
 // so an allocation or a free on one stream takes one lock, and threads on different streams
 // never meet; a free from another stream searches the other caches. Growth (upstream calls,
@@ -33,11 +37,20 @@
 #include <limits>
 #include <mutex>
 #include <shared_mutex>
+#include <cstdlib>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+#include <stdexcept>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#ifndef DEPOT_DENSE_KIB
+#define DEPOT_DENSE_KIB 64
+#endif
 
 namespace depot::detail {
 
@@ -46,6 +59,10 @@ namespace {
 constexpr std::size_t k_align = 512;
 constexpr std::size_t k_small_request = std::size_t{1} << 20;   // <= 1 MiB: small pool
 constexpr std::size_t k_small_segment = std::size_t{2} << 20;
+// Small requests up to this size live in dense segments (entries per 512-byte unit, in
+// address order); larger small requests in linked segments (a record per block), whose
+// few records stay in cache where dense entries for big blocks would be spread thin.
+constexpr std::size_t k_dense_request = std::size_t{DEPOT_DENSE_KIB} << 10;
 constexpr std::size_t k_mid_request = std::size_t{10} << 20;    // large < 10 MiB share ...
 constexpr std::size_t k_large_segment = std::size_t{20} << 20;  // ... 20 MiB segments
 constexpr std::size_t k_large_round = std::size_t{2} << 20;
@@ -87,7 +104,7 @@ struct block {
   [[nodiscard]] bool whole() const noexcept { return prev == nullptr && next == nullptr; }
 };
 
-struct segment {
+struct segment {  // of the large pool, or of the small pool's linked part
   std::uintptr_t addr = 0;
   std::size_t size = 0;
   bool small = false;
@@ -248,16 +265,251 @@ class pointer_table {
   std::size_t count_ = 0;
 };
 
+// ---- the small pool: blocks described in place, in address order --------------------------
+// A small segment (2 MiB) is 4096 units of 512 bytes. Its blocks are described by an array
+// with one 16-byte entry per unit, valid at each block's first unit (its head): freeing a
+// block reads its entry and its neighbours' entries, which sit next to it in memory, and
+// finding a live block from its address is a search of a short sorted table of segments
+// and an index into the array. No per-block records, no hash table: at most a couple of
+// cache misses per allocate+free pair, where linked records took five or six.
+constexpr unsigned k_unit_shift = 9;
+constexpr unsigned k_seg_units = static_cast<unsigned>(k_small_segment >> k_unit_shift);  // 4096
+constexpr unsigned k_unit_bits = 12;  // a unit index in a link
+constexpr std::uint32_t k_nil = ~std::uint32_t{0};
+static_assert(k_seg_units == 1U << k_unit_bits);
+
+constexpr std::size_t unit_bytes(unsigned units) noexcept { return std::size_t{units} << k_unit_shift; }
+
+struct unit_entry {
+  enum : std::uint8_t { head = 1, split = 2, has_uses = 4 };
+  std::uint16_t size = 0;  // units (1..4096)
+  std::uint16_t prev = 0;  // units back to the previous block's head (0: the first block)
+  block_state state = block_state::free;
+  std::uint8_t flags = 0;
+  std::uint16_t pending = 0;      // events outstanding before reuse
+  std::uint32_t requested = 0;    // allocated: bytes asked for; free: previous link in its list
+  std::uint32_t fnext = k_nil;    // free: next link in its list
+};
+static_assert(sizeof(unit_entry) == 16);
+
+// The header of a small segment; its entries live in the segment_table's slabs.
+struct small_segment {
+  std::uintptr_t addr = 0;
+  stream_cache* cache = nullptr;
+  unit_entry* units = nullptr;               // k_seg_units entries
+  std::unique_ptr<std::uint64_t[]> t_alloc;  // allocation times, once tracing is on
+  std::uint32_t slot = 0;
+  [[nodiscard]] bool whole_free() const noexcept
+  {
+    return units[0].size == k_seg_units && units[0].state == block_state::free;
+  }
+};
+
+// Small segments by slot, so a free-list link is 32 bits: slot << 12 | unit. The entries
+// of 32 consecutive slots share one 2 MiB slab (a transparent huge page where the kernel
+// allows), so following links and neighbours through many segments does not miss the TLB;
+// the headers of those 32 slots sit together in the slab's chunk. Slots are taken and given
+// back under the table's mutex; a slot is set up before its segment is published to a cache
+// (under that cache's lock), so readers need no lock.
+class segment_table {
+ public:
+  static constexpr std::uint32_t per_chunk = 32;
+  static constexpr std::uint32_t chunks = (k_nil >> k_unit_bits) / per_chunk;  // 2^20 slots, 2 TiB
+  static constexpr std::uint32_t capacity = chunks * per_chunk;
+
+  segment_table() : top_(chunks) {}
+  segment_table(const segment_table&) = delete;
+  segment_table& operator=(const segment_table&) = delete;
+  ~segment_table()
+  {
+    for (auto& c : top_) {
+      if (c) std::free(c->slab);
+    }
+  }
+
+  [[nodiscard]] small_segment& at(std::uint32_t slot) const noexcept
+  {
+    return top_[slot / per_chunk]->heads[slot % per_chunk];
+  }
+  [[nodiscard]] unit_entry& entry(std::uint32_t link) const noexcept
+  {
+    const std::uint32_t slot = link >> k_unit_bits;
+    return top_[slot / per_chunk]->slab[std::size_t{slot % per_chunk} * k_seg_units + (link & (k_seg_units - 1))];
+  }
+
+  // A fresh segment header for `addr` (one free block of the whole segment), or nullptr
+  // when every slot is taken. Throws std::bad_alloc, changing nothing, when a slab cannot
+  // be had.
+  small_segment* acquire(std::uintptr_t addr)
+  {
+    std::lock_guard g{mu_};
+    free_.reserve(next_ + 1);  // release() then never allocates
+    std::uint32_t slot = 0;
+    if (!free_.empty()) {
+      slot = free_.back();
+      free_.pop_back();
+    } else {
+      if (next_ >= capacity) return nullptr;
+      if (next_ % per_chunk == 0) top_[next_ / per_chunk] = make_chunk();
+      slot = next_++;
+    }
+    small_segment& s = at(slot);
+    s.addr = addr;
+    s.slot = slot;
+    s.units = top_[slot / per_chunk]->slab + std::size_t{slot % per_chunk} * k_seg_units;
+    std::fill(s.units, s.units + k_seg_units, unit_entry{});
+    s.units[0].size = static_cast<std::uint16_t>(k_seg_units);
+    s.units[0].flags = unit_entry::head;
+    return &s;
+  }
+  void release(small_segment& s) noexcept
+  {
+    std::lock_guard g{mu_};
+    s.cache = nullptr;
+    s.t_alloc.reset();
+    free_.push_back(s.slot);
+  }
+
+ private:
+  struct chunk {
+    unit_entry* slab = nullptr;
+    std::array<small_segment, per_chunk> heads{};
+  };
+  static std::unique_ptr<chunk> make_chunk()
+  {
+    constexpr std::size_t bytes = sizeof(unit_entry) * k_seg_units * per_chunk;  // 2 MiB
+    auto c = std::make_unique<chunk>();
+    void* p = std::aligned_alloc(bytes, bytes);
+    if (p == nullptr) throw std::bad_alloc{};
+#if defined(__linux__)
+    (void)::madvise(p, bytes, MADV_HUGEPAGE);  // a hint: refused is fine
+#endif
+    c->slab = static_cast<unit_entry*>(p);
+    return c;
+  }
+
+  std::mutex mu_;
+  std::vector<std::unique_ptr<chunk>> top_;
+  std::vector<std::uint32_t> free_;
+  std::uint32_t next_ = 0;
+};
+
+// Exact-size segregated free lists of the small pool of one stream cache: one list per
+// size in units (1..4096), a bitmap of non-empty lists and a bitmap of non-zero words, so
+// the best fit (the smallest free block that is large enough) is found in O(1).
+class small_free_index {
+ public:
+  explicit small_free_index(const segment_table& t) : table_{&t} { heads_.fill(k_nil); }
+
+  void insert(std::uint32_t link, unit_entry& e) noexcept
+  {
+    const unsigned i = e.size - 1U;
+    e.requested = k_nil;
+    e.fnext = heads_[i];
+    if (e.fnext != k_nil) table_->entry(e.fnext).requested = link;
+    heads_[i] = link;
+    words_[i >> 6] |= std::uint64_t{1} << (i & 63U);
+    top_ |= std::uint64_t{1} << (i >> 6);
+    bytes_ += unit_bytes(e.size);
+  }
+
+  void remove(std::uint32_t link, unit_entry& e) noexcept
+  {
+    const unsigned i = e.size - 1U;
+    if (e.requested != k_nil) {
+      table_->entry(e.requested).fnext = e.fnext;
+    } else {
+      heads_[i] = e.fnext;
+    }
+    if (e.fnext != k_nil) table_->entry(e.fnext).requested = e.requested;
+    if (heads_[i] == k_nil) {
+      words_[i >> 6] &= ~(std::uint64_t{1} << (i & 63U));
+      if (words_[i >> 6] == 0) top_ &= ~(std::uint64_t{1} << (i >> 6));
+    }
+    e.requested = 0;
+    e.fnext = k_nil;
+    bytes_ -= unit_bytes(e.size);
+    (void)link;
+  }
+
+  // The link of the smallest free block of at least `units` units, or k_nil.
+  [[nodiscard]] std::uint32_t find(unsigned units) const noexcept
+  {
+    const unsigned i = units - 1U;
+    unsigned w = i >> 6;
+    std::uint64_t m = words_[w] & (~std::uint64_t{0} << (i & 63U));
+    if (m == 0) {
+      const std::uint64_t t = w + 1 < 64 ? top_ & (~std::uint64_t{0} << (w + 1)) : 0;
+      if (t == 0) return k_nil;
+      w = static_cast<unsigned>(std::countr_zero(t));
+      m = words_[w];
+    }
+    return heads_[w * 64 + static_cast<unsigned>(std::countr_zero(m))];
+  }
+
+  [[nodiscard]] std::size_t largest() const noexcept
+  {
+    if (top_ == 0) return 0;
+    const unsigned w = 63U - static_cast<unsigned>(std::countl_zero(top_));
+    return unit_bytes(w * 64 + 64U - static_cast<unsigned>(std::countl_zero(words_[w])));
+  }
+
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  const segment_table* table_;
+  std::uint64_t top_ = 0;
+  std::array<std::uint64_t, 64> words_{};
+  std::array<std::uint32_t, k_seg_units> heads_{};
+  std::size_t bytes_ = 0;
+};
+
+// A live block of either pool: a record (large) or a segment and a unit (small).
+struct block_ref {
+  block* large = nullptr;
+  small_segment* seg = nullptr;
+  unsigned unit = 0;
+  [[nodiscard]] bool found() const noexcept { return large != nullptr || seg != nullptr; }
+};
+
 struct stream_cache {
-  explicit stream_cache(native_stream s) : stream{s} {}
+  stream_cache(native_stream s, const segment_table& t) : stream{s}, small{t} {}
   native_stream stream;
   std::mutex mu;
-  std::array<free_index, 2> pools;  // [0] large, [1] small
-  segment* segments = nullptr;
-  std::vector<std::pair<native_event, block*>> pending;
+  std::array<free_index, 2> pools;           // free linked blocks: [0] large, [1] small
+  small_free_index small;                    // free blocks of dense small segments
+  segment* segments = nullptr;               // linked segments
+  std::vector<std::pair<std::uintptr_t, small_segment*>> small_dir;  // small segments by address
+  std::vector<std::pair<native_event, block_ref>> pending;
   std::vector<block*> spare;  // recycled block records
-  pointer_table live;         // the blocks of this cache that are handed out, by address
+  pointer_table live;         // the large blocks of this cache that are handed out, by address
+  std::unordered_map<std::uintptr_t, std::vector<native_stream>> small_uses;  // record_stream
   std::int64_t hits = 0;      // allocations served from this cache without growing
+
+  // The small segment holding `p`, or nullptr.
+  [[nodiscard]] small_segment* small_segment_of(std::uintptr_t p) const noexcept
+  {
+    auto it = std::upper_bound(small_dir.begin(), small_dir.end(), p,
+                               [](std::uintptr_t v, const auto& d) { return v < d.first; });
+    if (it == small_dir.begin()) return nullptr;
+    --it;
+    return p - it->first < k_small_segment ? it->second : nullptr;
+  }
+  // Call reserve_small() first: then this cannot fail.
+  void add_small(small_segment* s) noexcept
+  {
+    auto it = std::upper_bound(small_dir.begin(), small_dir.end(), s->addr,
+                               [](std::uintptr_t v, const auto& d) { return v < d.first; });
+    small_dir.insert(it, {s->addr, s});
+    s->cache = this;
+  }
+  void reserve_small() { small_dir.reserve(small_dir.size() + 1); }
+  void remove_small(small_segment* s) noexcept
+  {
+    auto it = std::lower_bound(small_dir.begin(), small_dir.end(), s->addr,
+                               [](const auto& d, std::uintptr_t v) { return d.first < v; });
+    if (it != small_dir.end() && it->second == s) small_dir.erase(it);
+  }
 };
 
 // One quantity of the statistics, per pool, kept with as few atomic read-modify-writes as
@@ -384,6 +636,7 @@ struct allocator_core::impl {
         s = next;
       }
       for (block* b : c->spare) delete b;
+      for (auto& [addr, s] : c->small_dir) up->deallocate(reinterpret_cast<void*>(addr), k_small_segment);
     }
   }
 
@@ -394,6 +647,7 @@ struct allocator_core::impl {
   std::uint64_t id = next_allocator_id.fetch_add(1);
   std::size_t limit = k_unlimited;
 
+  segment_table small_table;
   mutable std::shared_mutex registry_mu;
   std::unordered_map<native_stream, stream_cache*> by_stream;
   std::vector<std::unique_ptr<stream_cache>> caches;
@@ -439,7 +693,7 @@ struct allocator_core::impl {
       std::unique_lock w{registry_mu};
       auto [it, inserted] = by_stream.try_emplace(s, nullptr);
       if (inserted) {
-        caches.push_back(std::make_unique<stream_cache>(s));
+        caches.push_back(std::make_unique<stream_cache>(s, small_table));
         it->second = caches.back().get();
       }
       c = it->second;
@@ -458,14 +712,15 @@ struct allocator_core::impl {
     ring_count = std::min(ring_count + 1, ring.size());
   }
 
-  trace_event event_of(trace_kind k, const block* b, native_stream s) const
+  trace_event event_of(trace_kind k, std::uintptr_t addr, std::size_t size, std::size_t requested,
+                       native_stream s) const
   {
     trace_event e;
     e.kind = k;
     e.time_ns = now_ns();
-    e.address = b->addr;
-    e.size = b->size;
-    e.requested = b->requested;
+    e.address = addr;
+    e.size = size;
+    e.requested = requested;
     e.stream = reinterpret_cast<std::uintptr_t>(s);
     e.thread = std::hash<std::thread::id>{}(std::this_thread::get_id());
     return e;
@@ -488,6 +743,8 @@ struct allocator_core::impl {
     *b = block{};
     return b;
   }
+
+  // ---- the large pool: linked block records ------------------------------------------------
 
   // Index a free block (caller holds c.mu).
   void index(stream_cache& c, block* b) noexcept
@@ -531,19 +788,23 @@ struct allocator_core::impl {
     index(c, r);
   }
 
+  void count_allocation(bool small, std::size_t size, std::size_t bytes) noexcept
+  {
+    allocated_bytes.add(small, size);
+    requested_bytes.add(small, bytes);
+    active_bytes.add(small, size);
+    num_allocations.add(small, 1);
+  }
+
   // Hands out `b` (not indexed) for a request of `bytes` (caller holds c.mu).
   void hand_out(stream_cache& c, block* b, std::size_t size, std::size_t bytes)
   {
     split(c, b, size);
-    const bool small = b->seg->small;
     b->state = block_state::allocated;
     b->requested = bytes;
     b->t_alloc = tracing.load(std::memory_order_relaxed) ? now_ns() : 0;
-    allocated_bytes.add(small, b->size);
-    requested_bytes.add(small, bytes);
-    active_bytes.add(small, b->size);
-    num_allocations.add(small, 1);
-    c.live.insert(b->addr, b);
+    c.live.insert(b->addr, b);  // may throw (growth) before anything is counted
+    count_allocation(b->seg->small, b->size, bytes);
   }
 
   block* take_free(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
@@ -555,11 +816,18 @@ struct allocator_core::impl {
     return b;
   }
 
+  bool over_release_threshold() const noexcept
+  {
+    return cfg.release_threshold != k_unlimited &&
+           static_cast<std::size_t>(reserved_bytes.current(0) + reserved_bytes.current(1) -
+                                    allocated_bytes.current(0) - allocated_bytes.current(1)) >
+               cfg.release_threshold;
+  }
+
   // Back to the cache: merge with free neighbours, index (caller holds c.mu).
   void release_block(stream_cache& c, block* b)
   {
-    const bool small = b->seg->small;
-    active_bytes.sub(small, b->size);
+    active_bytes.sub(b->seg->small, b->size);
     b->requested = 0;
     b->uses.clear();
     if (block* p = b->prev; p != nullptr && p->state == block_state::free) {
@@ -578,12 +846,7 @@ struct allocator_core::impl {
       c.spare.push_back(n);
     }
     index(c, b);
-    if (b->whole() && cfg.release_threshold != k_unlimited &&
-        static_cast<std::size_t>(reserved_bytes.current(0) + reserved_bytes.current(1) -
-                                 allocated_bytes.current(0) - allocated_bytes.current(1)) >
-            cfg.release_threshold) {
-      release_segment(c, b->seg);
-    }
+    if (b->whole() && over_release_threshold()) release_segment(c, b->seg);
   }
 
   void link_segment(stream_cache& c, segment* s) noexcept
@@ -614,12 +877,146 @@ struct allocator_core::impl {
     unlink_segment(c, s);
     reserved_bytes.sub(s->small, s->size);
     num_segments.sub(s->small, 1);
-    trace_event e = event_of(trace_kind::segment_free, b, c.stream);
-    e.size = s->size;
-    record(e);
+    record(event_of(trace_kind::segment_free, s->addr, s->size, 0, c.stream));
     up->deallocate(reinterpret_cast<void*>(s->addr), s->size);
     c.spare.push_back(b);
     delete s;
+  }
+
+  // ---- the small pool: entries in address order ---------------------------------------------
+
+  static std::uint32_t link_of(const small_segment& s, unsigned u) noexcept
+  {
+    return s.slot << k_unit_bits | u;
+  }
+  static std::uintptr_t address_of(const small_segment& s, unsigned u) noexcept
+  {
+    return s.addr + unit_bytes(u);
+  }
+
+  void small_index(stream_cache& c, small_segment& s, unsigned u) noexcept
+  {
+    unit_entry& e = s.units[u];
+    e.state = block_state::free;
+    e.flags = unit_entry::head;
+    if (e.size != k_seg_units) {
+      e.flags |= unit_entry::split;
+      inactive_split_bytes.add(true, unit_bytes(e.size));
+    }
+    c.small.insert(link_of(s, u), e);
+  }
+
+  void small_unindex(stream_cache& c, small_segment& s, unsigned u) noexcept
+  {
+    unit_entry& e = s.units[u];
+    c.small.remove(link_of(s, u), e);
+    if ((e.flags & unit_entry::split) != 0) inactive_split_bytes.sub(true, unit_bytes(e.size));
+    e.flags = unit_entry::head;
+  }
+
+  // Hands out the block at `u` (not indexed) as `units` units for `bytes` (caller holds c.mu).
+  void small_hand_out(stream_cache& c, small_segment& s, unsigned u, unsigned units, std::size_t bytes)
+  {
+    const bool traced = tracing.load(std::memory_order_relaxed);
+    if (traced && !s.t_alloc) {
+      s.t_alloc = std::make_unique<std::uint64_t[]>(k_seg_units);  // may throw: nothing changed yet
+    }
+    unit_entry& e = s.units[u];
+    if (e.size > units) {  // the rest stays free
+      const unsigned r = u + units;
+      unit_entry& re = s.units[r];
+      re = unit_entry{};
+      re.size = static_cast<std::uint16_t>(e.size - units);
+      re.prev = static_cast<std::uint16_t>(units);
+      if (const unsigned after = u + e.size; after < k_seg_units) s.units[after].prev = re.size;
+      e.size = static_cast<std::uint16_t>(units);
+      small_index(c, s, r);
+    }
+    e.state = block_state::allocated;
+    e.flags = unit_entry::head;
+    e.pending = 0;
+    e.requested = static_cast<std::uint32_t>(bytes);
+    if (s.t_alloc) s.t_alloc[u] = traced ? now_ns() : 0;
+    count_allocation(true, unit_bytes(units), bytes);
+  }
+
+  block_ref small_take_free(stream_cache& c, unsigned units, std::size_t bytes)
+  {
+    const std::uint32_t l = c.small.find(units);
+    if (l == k_nil) return {};
+    small_segment& s = small_table.at(l >> k_unit_bits);
+    const unsigned u = l & (k_seg_units - 1);
+    small_unindex(c, s, u);
+    small_hand_out(c, s, u, units, bytes);
+    return {nullptr, &s, u};
+  }
+
+  // Back to the cache: merge with free neighbours, index (caller holds c.mu).
+  void small_release(stream_cache& c, small_segment& s, unsigned u)
+  {
+    unit_entry* e = &s.units[u];
+    active_bytes.sub(true, unit_bytes(e->size));
+    if ((e->flags & unit_entry::has_uses) != 0) c.small_uses.erase(address_of(s, u));
+    if (e->prev != 0) {
+      const unsigned p = u - e->prev;
+      if (unit_entry& pe = s.units[p]; pe.state == block_state::free) {
+        small_unindex(c, s, p);
+        pe.size = static_cast<std::uint16_t>(pe.size + e->size);
+        e->flags = 0;
+        e = &pe;
+        u = p;
+      }
+    }
+    if (const unsigned n = u + e->size; n < k_seg_units) {
+      if (unit_entry& ne = s.units[n]; ne.state == block_state::free) {
+        small_unindex(c, s, n);
+        e->size = static_cast<std::uint16_t>(e->size + ne.size);
+        ne.flags = 0;
+      }
+    }
+    if (const unsigned after = u + e->size; after < k_seg_units) s.units[after].prev = e->size;
+    small_index(c, s, u);
+    if (e->size == k_seg_units && over_release_threshold()) release_small_segment(c, s);
+  }
+
+  // Returns a whole free small segment to the upstream (caller holds c.mu).
+  void release_small_segment(stream_cache& c, small_segment& s) noexcept
+  {
+    small_unindex(c, s, 0);
+    c.remove_small(&s);
+    reserved_bytes.sub(true, k_small_segment);
+    num_segments.sub(true, 1);
+    record(event_of(trace_kind::segment_free, s.addr, k_small_segment, 0, c.stream));
+    up->deallocate(reinterpret_cast<void*>(s.addr), k_small_segment);
+    small_table.release(s);
+  }
+
+  // ---- either pool -------------------------------------------------------------------------
+
+  static stream_cache& cache_of(const block_ref& r) noexcept
+  {
+    return r.large != nullptr ? *r.large->seg->cache : *r.seg->cache;
+  }
+  static std::uintptr_t address_of(const block_ref& r) noexcept
+  {
+    return r.large != nullptr ? r.large->addr : address_of(*r.seg, r.unit);
+  }
+  static std::size_t size_of(const block_ref& r) noexcept
+  {
+    return r.large != nullptr ? r.large->size : unit_bytes(r.seg->units[r.unit].size);
+  }
+  static std::size_t requested_of(const block_ref& r) noexcept
+  {
+    return r.large != nullptr ? r.large->requested : r.seg->units[r.unit].requested;
+  }
+
+  void release(stream_cache& c, const block_ref& r)
+  {
+    if (r.large != nullptr) {
+      release_block(c, r.large);
+    } else {
+      small_release(c, *r.seg, r.unit);
+    }
   }
 
   void release_free_segments(stream_cache& c) noexcept
@@ -629,17 +1026,21 @@ struct allocator_core::impl {
       if (s->head->whole() && s->head->state == block_state::free) release_segment(c, s);
       s = next;
     }
+    for (std::size_t i = c.small_dir.size(); i-- > 0;) {
+      if (c.small_dir[i].second->whole_free()) release_small_segment(c, *c.small_dir[i].second);
+    }
   }
 
   void process_events(stream_cache& c, bool wait)
   {
     auto keep = c.pending.begin();
     for (auto it = c.pending.begin(); it != c.pending.end(); ++it) {
-      auto [e, b] = *it;
+      auto [e, r] = *it;
       if (wait) up->wait_event(e);
       if (wait || up->event_done(e)) {
         up->destroy_event(e);
-        if (--b->pending == 0) release_block(c, b);
+        const int left = r.large != nullptr ? --r.large->pending : --r.seg->units[r.unit].pending;
+        if (left == 0) release(c, r);
       } else {
         *keep++ = *it;
       }
@@ -661,7 +1062,7 @@ struct allocator_core::impl {
   // A whole free segment of another stream, moved to `c` once the device is idle.
   // Both caches are locked with try_lock (never blocking while holding one), so this cannot
   // deadlock with lock_all(), and the segment is never in neither cache.
-  block* steal(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
+  block_ref steal(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
   {
     std::shared_lock r{registry_mu};
     for (auto& other : caches) {
@@ -669,24 +1070,37 @@ struct allocator_core::impl {
       std::unique_lock og{other->mu, std::defer_lock};
       std::unique_lock cg{c.mu, std::defer_lock};
       if (std::try_lock(og, cg) != -1) continue;
+      // The segment's last frees were ordered on the other stream, which its owner may
+      // have destroyed since (a raw handle cannot tell): order by finishing the device's
+      // work instead. This is the miss path, in place of an upstream allocation.
+      if (size <= k_dense_request) {
+        for (auto [addr, s] : other->small_dir) {
+          if (!s->whole_free()) continue;
+          c.reserve_small();  // the move below cannot fail
+          if (async) up->synchronize_device();
+          small_unindex(*other, *s, 0);
+          other->remove_small(s);
+          c.add_small(s);
+          small_hand_out(c, *s, 0, static_cast<unsigned>(size >> k_unit_shift), bytes);
+          return {nullptr, s, 0};
+        }
+        continue;
+      }
       for (segment* s = other->segments; s != nullptr; s = s->lnext) {
         block* b = s->head;
         if (s->small != small || !b->whole() || b->state != block_state::free || b->size < size ||
             (!small && oversize(b, size))) {
           continue;
         }
-        // The segment's last frees were ordered on the other stream, which its owner may
-        // have destroyed since (a raw handle cannot tell): order by finishing the device's
-        // work instead. This is the miss path, in place of an upstream allocation.
         if (async) up->synchronize_device();
         unindex(*other, b);
         unlink_segment(*other, s);
         link_segment(c, s);
         hand_out(c, b, size, bytes);
-        return b;
+        return {b, nullptr, 0};
       }
     }
-    return nullptr;
+    return {};
   }
 
   [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size, native_stream s,
@@ -752,15 +1166,22 @@ struct allocator_core::impl {
     }
   }
 
-  block* allocate_miss(stream_cache& c, std::size_t size, bool small, std::size_t bytes,
-                       native_stream s)
+  // Takes a free block of this cache's pool (caller holds c.mu).
+  block_ref take(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
+  {
+    if (size <= k_dense_request) return small_take_free(c, static_cast<unsigned>(size >> k_unit_shift), bytes);
+    return {take_free(c, size, small, bytes), nullptr, 0};
+  }
+
+  block_ref allocate_miss(stream_cache& c, std::size_t size, bool small, std::size_t bytes,
+                          native_stream s)
   {
     std::lock_guard grow_guard{grow_mu};
     {
       std::lock_guard g{c.mu};  // another thread may have freed meanwhile
-      if (block* b = take_free(c, size, small, bytes)) return b;
+      if (block_ref b = take(c, size, small, bytes); b.found()) return b;
     }
-    if (block* b = steal(c, size, small, bytes)) return b;
+    if (block_ref b = steal(c, size, small, bytes); b.found()) return b;
 
     std::size_t seg_bytes = segment_size(size, small);
     if (cfg.garbage_collection_threshold > 0.0) {
@@ -781,9 +1202,9 @@ struct allocator_core::impl {
       flush_all(true);
       {
         std::lock_guard g{c.mu};
-        if (block* b = take_free(c, size, small, bytes)) return b;
+        if (block_ref b = take(c, size, small, bytes); b.found()) return b;
       }
-      if (block* b = steal(c, size, small, bytes)) return b;
+      if (block_ref b = steal(c, size, small, bytes); b.found()) return b;
       p = grow(seg_bytes);
     }
     if (p == nullptr) {
@@ -795,40 +1216,81 @@ struct allocator_core::impl {
                        : "the upstream allocation of " + format_bytes(seg_bytes) +
                              " failed after releasing the cache");
     }
+    const auto addr = reinterpret_cast<std::uintptr_t>(p);
     std::lock_guard g{c.mu};
-    auto* seg = new segment;
-    seg->addr = reinterpret_cast<std::uintptr_t>(p);
-    seg->size = seg_bytes;
-    seg->small = small;
-    block* b = new_block(c);
-    b->addr = seg->addr;
-    b->size = seg_bytes;
-    b->seg = seg;
-    seg->head = b;
-    link_segment(c, seg);
+    block_ref out;
+    try {
+      if (size <= k_dense_request) {
+        c.reserve_small();
+        small_segment* seg = small_table.acquire(addr);
+        if (seg == nullptr) {
+          throw out_of_memory("depot: " + dev.to_string() + " caching allocator: more than " +
+                                  std::to_string(segment_table::capacity) + " small-pool segments (" +
+                                  format_bytes(segment_table::capacity * k_small_segment) + ")",
+                              bytes, dev);
+        }
+        c.add_small(seg);
+        out = {nullptr, seg, 0};
+      } else {
+        auto seg = std::make_unique<segment>();
+        seg->addr = addr;
+        seg->size = seg_bytes;
+        seg->small = small;
+        block* b = new_block(c);
+        b->addr = addr;
+        b->size = seg_bytes;
+        b->seg = seg.get();
+        seg->head = b;
+        link_segment(c, seg.release());
+        out = {b, nullptr, 0};
+      }
+    } catch (...) {
+      up->deallocate(p, seg_bytes);
+      throw;
+    }
     reserved_bytes.add(small, seg_bytes);
     num_segments.add(small, 1);
     cached_peak.raise_from(reserved_bytes, allocated_bytes, small);
-    trace_event e = event_of(trace_kind::segment_allocate, b, c.stream);
-    record(e);
-    hand_out(c, b, size, bytes);
-    return b;
+    record(event_of(trace_kind::segment_allocate, addr, seg_bytes, 0, c.stream));
+    if (out.seg != nullptr) {
+      small_hand_out(c, *out.seg, 0, static_cast<unsigned>(size >> k_unit_shift), bytes);
+    } else {
+      hand_out(c, out.large, size, bytes);
+    }
+    return out;
+  }
+
+  // The live block at `p` in cache `c` (caller holds c.mu), or nothing. `erase`: a large
+  // block leaves the table of live blocks (deallocate puts it back if it then refuses).
+  static block_ref find_live(stream_cache& c, std::uintptr_t p, bool erase) noexcept
+  {
+    if (small_segment* s = c.small_segment_of(p)) {
+      const std::uintptr_t off = p - s->addr;
+      const auto u = static_cast<unsigned>(off >> k_unit_shift);
+      const unit_entry& e = s->units[u];
+      if ((off & (k_align - 1)) != 0 || (e.flags & unit_entry::head) == 0 ||
+          e.state != block_state::allocated) {
+        return {};
+      }
+      return {nullptr, s, u};
+    }
+    return {erase ? c.live.erase(p) : c.live.find(p), nullptr, 0};
   }
 
   // Finds a live block and locks the cache that holds it: first the cache of `hint` (the
   // stream named by the caller, or the calling thread's last one), then every other cache.
   // Throws depot::invalid_argument, changing nothing, when no cache holds it.
-  std::pair<block*, std::unique_lock<std::mutex>> lookup(void* ptr, stream_cache* hint, bool erase)
+  std::pair<block_ref, std::unique_lock<std::mutex>> lookup(void* ptr, stream_cache* hint, bool erase)
   {
     const auto p = reinterpret_cast<std::uintptr_t>(ptr);
-    auto try_cache = [&](stream_cache& c) -> std::pair<block*, std::unique_lock<std::mutex>> {
+    auto try_cache = [&](stream_cache& c) -> std::pair<block_ref, std::unique_lock<std::mutex>> {
       std::unique_lock g{c.mu};
-      block* b = erase ? c.live.erase(p) : c.live.find(p);
-      if (b == nullptr) return {nullptr, std::unique_lock<std::mutex>{}};
+      block_ref b = find_live(c, p, erase);
+      if (!b.found()) return {b, std::unique_lock<std::mutex>{}};
       return {b, std::move(g)};
     };
     if (hint != nullptr) {
-      if (auto found = try_cache(*hint); found.first != nullptr) return found;
+      if (auto found = try_cache(*hint); found.first.found()) return found;
     }
     std::vector<stream_cache*> all;
     {
@@ -838,7 +1300,7 @@ struct allocator_core::impl {
     }
     for (stream_cache* c : all) {
       if (c == hint) continue;
-      if (auto found = try_cache(*c); found.first != nullptr) return found;
+      if (auto found = try_cache(*c); found.first.found()) return found;
     }
     throw invalid_argument("depot: " + dev.to_string() + " caching allocator: pointer " + hex(p) +
                            " is not a live allocation of this allocator (a double free, or "
@@ -892,10 +1354,8 @@ struct allocator_core::impl {
     std::size_t largest = 0;
     std::size_t free_total = 0;
     for (const auto& c : caches) {
-      for (const auto& idx : c->pools) {
-        largest = std::max(largest, idx.largest());
-        free_total += idx.bytes();
-      }
+      largest = std::max({largest, c->pools[0].largest(), c->pools[1].largest(), c->small.largest()});
+      free_total += c->pools[0].bytes() + c->pools[1].bytes() + c->small.bytes();
     }
     s.largest_free_block = static_cast<std::int64_t>(largest);
     s.fragmentation = free_total > 0 ? 1.0 - static_cast<double>(largest) / static_cast<double>(free_total) : 0.0;
@@ -952,24 +1412,26 @@ void* allocator_core::allocate(std::size_t bytes, native_stream stream)
   const std::size_t size = m.round_size(bytes);
   const bool small = size <= k_small_request;
   stream_cache& c = m.cache_for(stream);
-  block* b = nullptr;
+  block_ref b;
   {
     std::lock_guard g{c.mu};
     if (!c.pending.empty()) m.process_events(c, false);
-    b = m.take_free(c, size, small, bytes);
-    if (b != nullptr) ++c.hits;
+    b = m.take(c, size, small, bytes);
+    if (b.found()) ++c.hits;
   }
-  const bool hit = b != nullptr;
+  const bool hit = b.found();
   if (!hit) {
     m.misses.fetch_add(1, std::memory_order_relaxed);
     b = m.allocate_miss(c, size, small, bytes, stream);
   }
+  const std::uintptr_t addr = impl::address_of(b);
   if (m.tracing.load(std::memory_order_relaxed)) {
-    trace_event e = m.event_of(trace_kind::allocate, b, stream);
+    trace_event e = m.event_of(trace_kind::allocate, addr, size, bytes, stream);
+    e.size = impl::size_of(b);
     e.cache_hit = hit;
     m.record(e);
   }
-  return reinterpret_cast<void*>(b->addr);
+  return reinterpret_cast<void*>(addr);
 }
 
 void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_given,
@@ -978,36 +1440,61 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
   impl& m = *impl_;
   if (ptr == nullptr) return;
   auto [b, lock] = m.lookup(ptr, m.hint_for(stream, stream_given), true);
-  stream_cache& c = *b->seg->cache;
-  if (expected_bytes != 0 && expected_bytes != b->requested) {
-    c.live.insert(b->addr, b);
+  stream_cache& c = impl::cache_of(b);
+  const std::uintptr_t addr = impl::address_of(b);
+  const std::size_t size = impl::size_of(b);
+  const std::size_t requested = impl::requested_of(b);
+  const bool dense = b.large == nullptr;
+  const bool small = dense || b.large->seg->small;
+  if (expected_bytes != 0 && expected_bytes != requested) {
+    if (!dense) c.live.insert(addr, b.large);
     throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: deallocate(" +
-                           hex(b->addr) + ", " + std::to_string(expected_bytes) +
-                           " bytes): the allocation was " + std::to_string(b->requested) +
+                           hex(addr) + ", " + std::to_string(expected_bytes) +
+                           " bytes): the allocation was " + std::to_string(requested) +
                            " bytes; nothing was changed");
   }
-  const bool small = b->seg->small;
-  m.allocated_bytes.sub(small, b->size);
-  m.requested_bytes.sub(small, b->requested);
+  m.allocated_bytes.sub(small, size);
+  m.requested_bytes.sub(small, requested);
   m.num_allocations.sub(small, 1);
   m.cached_peak.raise_from(m.reserved_bytes, m.allocated_bytes, small);
   if (m.tracing.load(std::memory_order_relaxed)) {
-    trace_event e = m.event_of(trace_kind::free, b, c.stream);
-    e.lifetime_ns = b->t_alloc != 0 ? e.time_ns - b->t_alloc : 0;  // 0: allocated before tracing
+    trace_event e = m.event_of(trace_kind::free, addr, size, requested, c.stream);
+    const std::uint64_t t = dense ? (b.seg->t_alloc ? b.seg->t_alloc[b.unit] : 0) : b.large->t_alloc;
+    e.lifetime_ns = t != 0 ? e.time_ns - t : 0;  // 0: allocated before tracing
     m.record(e);
   }
-  if (stream_given && stream != c.stream &&
-      std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) {
-    b->uses.push_back(stream);
+  // Other streams that used the block (record_stream, or a free ordered on another stream).
+  std::vector<native_stream>* uses = nullptr;
+  unit_entry* entry = dense ? &b.seg->units[b.unit] : nullptr;
+  if (!dense) {
+    uses = &b.large->uses;
+  } else if ((entry->flags & unit_entry::has_uses) != 0) {
+    uses = &c.small_uses[addr];
   }
-  if (m.async && !b->uses.empty()) {
+  if (stream_given && stream != c.stream && (uses == nullptr || std::find(uses->begin(), uses->end(), stream) == uses->end())) {
+    try {
+      if (uses == nullptr) {
+        uses = &c.small_uses[addr];
+        entry->flags |= unit_entry::has_uses;
+      }
+      uses->push_back(stream);
+    } catch (...) {  // out of host memory: order by the device instead, below
+      try {
+        m.up->synchronize_device();
+      } catch (...) {
+      }
+    }
+  }
+  if (m.async && uses != nullptr && !uses->empty()) {
     // Record every event before changing anything: if a stream cannot take one (it was
     // destroyed, the device failed), order the free by finishing the device's work instead,
     // so the block is never lost.
     std::vector<native_event> events;
-    events.reserve(b->uses.size());
     try {
-      for (native_stream s : b->uses) events.push_back(m.up->record_event(s));
+      if (dense && uses->size() > 0xFFFF) throw std::length_error("too many streams to count");
+      events.reserve(uses->size());
+      c.pending.reserve(c.pending.size() + uses->size());
+      for (native_stream s : *uses) events.push_back(m.up->record_event(s));
     } catch (...) {
       for (native_event e : events) m.up->destroy_event(e);
       events.clear();
@@ -1016,27 +1503,36 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
       } catch (...) {
       }
     }
-    b->uses.clear();
+    uses->clear();
     if (!events.empty()) {
-      b->state = block_state::pending_free;
-      for (native_event e : events) {
-        c.pending.emplace_back(e, b);
-        ++b->pending;
+      if (dense) {
+        entry->state = block_state::pending_free;
+        entry->pending = static_cast<std::uint16_t>(events.size());
+      } else {
+        b.large->state = block_state::pending_free;
+        b.large->pending = static_cast<int>(events.size());
       }
+      for (native_event e : events) c.pending.emplace_back(e, b);
       return;
     }
   }
-  m.release_block(c, b);
+  m.release(c, b);
 }
 
 void allocator_core::record_stream(void* ptr, native_stream stream)
 {
   impl& m = *impl_;
   auto [b, lock] = m.lookup(ptr, m.hint_for(stream, false), false);
-  if (stream != b->seg->cache->stream &&
-      std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) {
-    b->uses.push_back(stream);
+  stream_cache& c = impl::cache_of(b);
+  if (stream == c.stream) return;
+  std::vector<native_stream>* uses = nullptr;
+  if (b.large != nullptr) {
+    uses = &b.large->uses;
+  } else {
+    uses = &c.small_uses[impl::address_of(b)];
+    b.seg->units[b.unit].flags |= unit_entry::has_uses;
   }
+  if (std::find(uses->begin(), uses->end(), stream) == uses->end()) uses->push_back(stream);
 }
 
 memory_stats allocator_core::stats() const { return impl_->stats(); }
@@ -1059,6 +1555,19 @@ allocator_snapshot allocator_core::snapshot() const
       for (const block* b = s->head; b != nullptr; b = b->next) {
         si.blocks.push_back(block_info{b->addr, b->size,
                                        b->state == block_state::free ? 0 : b->requested, b->state});
+      }
+      snap.segments.push_back(std::move(si));
+    }
+    for (const auto& [addr, s] : c->small_dir) {
+      segment_info si;
+      si.address = s->addr;
+      si.size = k_small_segment;
+      si.small_pool = true;
+      si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
+      for (unsigned u = 0; u < k_seg_units; u += s->units[u].size) {
+        const unit_entry& e = s->units[u];
+        si.blocks.push_back(block_info{s->addr + unit_bytes(u), unit_bytes(e.size),
+                                       e.state == block_state::free ? 0 : e.requested, e.state});
       }
       snap.segments.push_back(std::move(si));
     }

@@ -33,6 +33,7 @@
 
 namespace {
 
+constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
 bool contains(const std::string& text, const std::string& part)
@@ -250,9 +251,31 @@ TEST_CASE_TEMPLATE("pool: random sizes and mixed operations keep data and statis
   CHECK(a.stats().reserved_bytes.all.current == 0);
 }
 
+// Sizes of the fuzz: the large pool (the issue's 2-20 MiB), the small pool's dense segments
+// (entries per 512-byte unit, up to 64 KiB), its linked segments (64 KiB-1 MiB) and a mix.
+struct fuzz_range {
+  const char* name;
+  std::size_t lo;
+  std::size_t hi;
+  std::size_t max_live;
+};
+
+template <depot::device D>
+fuzz_range pick_fuzz_range()
+{
+  fuzz_range r{"large, 2-20 MiB", 2 * MiB, 20 * MiB, 48};
+  SUBCASE("large pool, 2-20 MiB") {}
+  SUBCASE("dense small segments, 1 B-64 KiB") { r = {"dense", 1, 64 * KiB, 400}; }
+  SUBCASE("linked small segments, 64 KiB-1 MiB") { r = {"linked small", 64 * KiB + 1, MiB, 120}; }
+  SUBCASE("every pool, 1 B-3 MiB") { r = {"mixed", 1, 3 * MiB, 150}; }
+  return r;
+}
+
 TEST_CASE_TEMPLATE("pool: statistics fuzz, 10 000 operations, invariants after each", D,
                    DEPOT_TEST_DEVICES)
 {
+  const fuzz_range range = pick_fuzz_range<D>();
+  CAPTURE(range.name);
   std::mt19937_64 rng{depot::test::seed("pool stats fuzz", 10000)};
   depot::caching_allocator<D> a{0, quiet_config<D>()};
   depot::stream<D> s;
@@ -262,8 +285,8 @@ TEST_CASE_TEMPLATE("pool: statistics fuzz, 10 000 operations, invariants after e
     const auto r = rng() % 100;
     if (r < 2) {
       a.empty_cache();
-    } else if (live.empty() || (r < 55 && live.size() < 48)) {
-      const std::size_t n = 2 * MiB + rng() % (18 * MiB);
+    } else if (live.empty() || (r < 55 && live.size() < range.max_live)) {
+      const std::size_t n = range.lo + rng() % (range.hi - range.lo + 1);
       void* p = a.allocate(n, s);
       const auto id = static_cast<unsigned char>(op % 251 + 1);
       fill_bytes<D>(p, n, id, s);
@@ -411,13 +434,47 @@ TEST_CASE_TEMPLATE("pool: bad input is refused and changes nothing", D, DEPOT_TE
   a.deallocate(q);
 }
 
-TEST_CASE_TEMPLATE("pool: a block used on another stream waits for it before reuse", D,
+TEST_CASE_TEMPLATE("pool: pointers inside or beside live blocks are refused in every pool", D,
                    DEPOT_TEST_DEVICES)
 {
   depot::caching_allocator<D> a{0, quiet_config<D>()};
+  depot::stream<D> s2;
+  for (std::size_t n : {std::size_t{4}, 3 * KiB, 64 * KiB, 64 * KiB + 1, 700 * KiB, 5 * MiB}) {
+    CAPTURE(n);
+    void* p = a.allocate(n);
+    void* neighbour = a.allocate(n);
+    auto* c = static_cast<char*>(p);
+    const auto before = a.stats();
+    for (char* bad : {c + 1, c + 512, c + 511, c - 512, c + 2 * MiB}) {
+      if (bad == neighbour) continue;
+      CAPTURE(static_cast<void*>(bad));
+      CHECK_THROWS_AS(a.deallocate(bad), depot::invalid_argument);
+      CHECK_THROWS_AS(a.record_stream(bad, s2), depot::invalid_argument);
+    }
+    CHECK(a.stats().allocated_bytes.all.current == before.allocated_bytes.all.current);
+    check_invariants(a);
+    a.deallocate(p);
+    CHECK_THROWS_AS(a.deallocate(p), depot::invalid_argument);  // double free
+    a.deallocate(neighbour);
+    CHECK_THROWS_AS(a.deallocate(neighbour, s2), depot::invalid_argument);
+    check_invariants(a);
+  }
+  const auto end = a.stats();
+  CHECK(end.allocated_bytes.all.current == 0);
+  CHECK(end.inactive_split_bytes.all.current == 0);  // every neighbour merged back
+}
+
+TEST_CASE_TEMPLATE("pool: a block used on another stream waits for it before reuse", D,
+                   DEPOT_TEST_DEVICES)
+{
+  std::size_t n = 8 * MiB;
+  SUBCASE("large pool") {}
+  SUBCASE("dense small segment") { n = 4 * KiB; }
+  SUBCASE("linked small segment") { n = 256 * KiB; }
+  CAPTURE(n);
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
   depot::stream<D> s1;
   depot::stream<D> s2;
-  const std::size_t n = 8 * MiB;
   void* x = a.allocate(n, s1);
   // Long work on s2 that uses x.
   void* big = a.allocate(512 * MiB, s2);
