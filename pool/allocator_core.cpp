@@ -33,23 +33,20 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <mutex>
 #include <shared_mutex>
-#include <cstdlib>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-#include <stdexcept>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
-#ifndef DEPOT_DENSE_KIB
-#define DEPOT_DENSE_KIB 64
+#if defined(__linux__)
+#include <sys/mman.h>
 #endif
 
 namespace depot::detail {
@@ -62,7 +59,7 @@ constexpr std::size_t k_small_segment = std::size_t{2} << 20;
 // Small requests up to this size live in dense segments (entries per 512-byte unit, in
 // address order); larger small requests in linked segments (a record per block), whose
 // few records stay in cache where dense entries for big blocks would be spread thin.
-constexpr std::size_t k_dense_request = std::size_t{DEPOT_DENSE_KIB} << 10;
+constexpr std::size_t k_dense_request = std::size_t{64} << 10;
 constexpr std::size_t k_mid_request = std::size_t{10} << 20;    // large < 10 MiB share ...
 constexpr std::size_t k_large_segment = std::size_t{20} << 20;  // ... 20 MiB segments
 constexpr std::size_t k_large_round = std::size_t{2} << 20;
@@ -413,7 +410,7 @@ class small_free_index {
     bytes_ += unit_bytes(e.size);
   }
 
-  void remove(std::uint32_t link, unit_entry& e) noexcept
+  void remove(unit_entry& e) noexcept
   {
     const unsigned i = e.size - 1U;
     if (e.requested != k_nil) {
@@ -429,7 +426,6 @@ class small_free_index {
     e.requested = 0;
     e.fnext = k_nil;
     bytes_ -= unit_bytes(e.size);
-    (void)link;
   }
 
   // The link of the smallest free block of at least `units` units, or k_nil.
@@ -486,11 +482,16 @@ struct stream_cache {
   std::unordered_map<std::uintptr_t, std::vector<native_stream>> small_uses;  // record_stream
   std::int64_t hits = 0;      // allocations served from this cache without growing
 
+  // The first small segment above address p.
+  [[nodiscard]] auto small_after(std::uintptr_t p) const noexcept
+  {
+    return std::upper_bound(small_dir.begin(), small_dir.end(), p,
+                            [](std::uintptr_t v, const auto& d) { return v < d.first; });
+  }
   // The small segment holding `p`, or nullptr.
   [[nodiscard]] small_segment* small_segment_of(std::uintptr_t p) const noexcept
   {
-    auto it = std::upper_bound(small_dir.begin(), small_dir.end(), p,
-                               [](std::uintptr_t v, const auto& d) { return v < d.first; });
+    auto it = small_after(p);
     if (it == small_dir.begin()) return nullptr;
     --it;
     return p - it->first < k_small_segment ? it->second : nullptr;
@@ -498,9 +499,7 @@ struct stream_cache {
   // Call reserve_small() first: then this cannot fail.
   void add_small(small_segment* s) noexcept
   {
-    auto it = std::upper_bound(small_dir.begin(), small_dir.end(), s->addr,
-                               [](std::uintptr_t v, const auto& d) { return v < d.first; });
-    small_dir.insert(it, {s->addr, s});
+    small_dir.insert(small_after(s->addr), {s->addr, s});
     s->cache = this;
   }
   void reserve_small() { small_dir.reserve(small_dir.size() + 1); }
@@ -909,7 +908,7 @@ struct allocator_core::impl {
   void small_unindex(stream_cache& c, small_segment& s, unsigned u) noexcept
   {
     unit_entry& e = s.units[u];
-    c.small.remove(link_of(s, u), e);
+    c.small.remove(e);
     if ((e.flags & unit_entry::split) != 0) inactive_split_bytes.sub(true, unit_bytes(e.size));
     e.flags = unit_entry::head;
   }
@@ -993,6 +992,22 @@ struct allocator_core::impl {
 
   // ---- either pool -------------------------------------------------------------------------
 
+  // Whether a request of `size` (rounded) is served by dense small segments.
+  static bool dense(std::size_t size) noexcept { return size <= k_dense_request; }
+
+  // The streams other than its own that used a live block (record_stream, or a free ordered
+  // on another stream); nullptr when none are recorded and `create` is false. Creating may
+  // throw std::bad_alloc, changing nothing (caller holds c.mu).
+  static std::vector<native_stream>* uses_of(stream_cache& c, const block_ref& r, bool create)
+  {
+    if (r.large != nullptr) return &r.large->uses;
+    unit_entry& e = r.seg->units[r.unit];
+    if ((e.flags & unit_entry::has_uses) == 0 && !create) return nullptr;
+    std::vector<native_stream>* uses = &c.small_uses[address_of(r)];
+    e.flags |= unit_entry::has_uses;
+    return uses;
+  }
+
   static stream_cache& cache_of(const block_ref& r) noexcept
   {
     return r.large != nullptr ? *r.large->seg->cache : *r.seg->cache;
@@ -1073,7 +1088,7 @@ struct allocator_core::impl {
       // The segment's last frees were ordered on the other stream, which its owner may
       // have destroyed since (a raw handle cannot tell): order by finishing the device's
       // work instead. This is the miss path, in place of an upstream allocation.
-      if (size <= k_dense_request) {
+      if (dense(size)) {
         for (auto [addr, s] : other->small_dir) {
           if (!s->whole_free()) continue;
           c.reserve_small();  // the move below cannot fail
@@ -1169,7 +1184,7 @@ struct allocator_core::impl {
   // Takes a free block of this cache's pool (caller holds c.mu).
   block_ref take(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
   {
-    if (size <= k_dense_request) return small_take_free(c, static_cast<unsigned>(size >> k_unit_shift), bytes);
+    if (dense(size)) return small_take_free(c, static_cast<unsigned>(size >> k_unit_shift), bytes);
     return {take_free(c, size, small, bytes), nullptr, 0};
   }
 
@@ -1220,7 +1235,7 @@ struct allocator_core::impl {
     std::lock_guard g{c.mu};
     block_ref out;
     try {
-      if (size <= k_dense_request) {
+      if (dense(size)) {
         c.reserve_small();
         small_segment* seg = small_table.acquire(addr);
         if (seg == nullptr) {
@@ -1426,8 +1441,7 @@ void* allocator_core::allocate(std::size_t bytes, native_stream stream)
   }
   const std::uintptr_t addr = impl::address_of(b);
   if (m.tracing.load(std::memory_order_relaxed)) {
-    trace_event e = m.event_of(trace_kind::allocate, addr, size, bytes, stream);
-    e.size = impl::size_of(b);
+    trace_event e = m.event_of(trace_kind::allocate, addr, impl::size_of(b), bytes, stream);
     e.cache_hit = hit;
     m.record(e);
   }
@@ -1463,20 +1477,11 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
     e.lifetime_ns = t != 0 ? e.time_ns - t : 0;  // 0: allocated before tracing
     m.record(e);
   }
-  // Other streams that used the block (record_stream, or a free ordered on another stream).
-  std::vector<native_stream>* uses = nullptr;
-  unit_entry* entry = dense ? &b.seg->units[b.unit] : nullptr;
-  if (!dense) {
-    uses = &b.large->uses;
-  } else if ((entry->flags & unit_entry::has_uses) != 0) {
-    uses = &c.small_uses[addr];
-  }
-  if (stream_given && stream != c.stream && (uses == nullptr || std::find(uses->begin(), uses->end(), stream) == uses->end())) {
+  std::vector<native_stream>* uses = impl::uses_of(c, b, false);
+  if (stream_given && stream != c.stream &&
+      (uses == nullptr || std::find(uses->begin(), uses->end(), stream) == uses->end())) {
     try {
-      if (uses == nullptr) {
-        uses = &c.small_uses[addr];
-        entry->flags |= unit_entry::has_uses;
-      }
+      uses = impl::uses_of(c, b, true);
       uses->push_back(stream);
     } catch (...) {  // out of host memory: order by the device instead, below
       try {
@@ -1506,8 +1511,9 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
     uses->clear();
     if (!events.empty()) {
       if (dense) {
-        entry->state = block_state::pending_free;
-        entry->pending = static_cast<std::uint16_t>(events.size());
+        unit_entry& entry = b.seg->units[b.unit];
+        entry.state = block_state::pending_free;
+        entry.pending = static_cast<std::uint16_t>(events.size());
       } else {
         b.large->state = block_state::pending_free;
         b.large->pending = static_cast<int>(events.size());
@@ -1525,13 +1531,7 @@ void allocator_core::record_stream(void* ptr, native_stream stream)
   auto [b, lock] = m.lookup(ptr, m.hint_for(stream, false), false);
   stream_cache& c = impl::cache_of(b);
   if (stream == c.stream) return;
-  std::vector<native_stream>* uses = nullptr;
-  if (b.large != nullptr) {
-    uses = &b.large->uses;
-  } else {
-    uses = &c.small_uses[impl::address_of(b)];
-    b.seg->units[b.unit].flags |= unit_entry::has_uses;
-  }
+  std::vector<native_stream>* uses = impl::uses_of(c, b, true);
   if (std::find(uses->begin(), uses->end(), stream) == uses->end()) uses->push_back(stream);
 }
 
