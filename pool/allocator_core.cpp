@@ -26,6 +26,8 @@
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/pool/detail/allocator_core.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -105,6 +107,7 @@ struct segment {  // of the large pool, or of the small pool's linked part
   std::uintptr_t addr = 0;
   std::size_t size = 0;
   bool small = false;
+  bool exported = false;  // shared with other processes: never released while the allocator lives
   stream_cache* cache = nullptr;
   block* head = nullptr;
   segment* lprev = nullptr;  // in the cache's segment list
@@ -296,6 +299,7 @@ struct small_segment {
   unit_entry* units = nullptr;               // k_seg_units entries
   std::unique_ptr<std::uint64_t[]> t_alloc;  // allocation times, once tracing is on
   std::uint32_t slot = 0;
+  bool exported = false;  // shared with other processes: never released while the allocator lives
   [[nodiscard]] bool whole_free() const noexcept
   {
     return units[0].size == k_seg_units && units[0].state == block_state::free;
@@ -363,6 +367,7 @@ class segment_table {
   {
     std::lock_guard g{mu_};
     s.cache = nullptr;
+    s.exported = false;
     s.t_alloc.reset();
     free_.push_back(s.slot);
   }
@@ -845,7 +850,7 @@ struct allocator_core::impl {
       c.spare.push_back(n);
     }
     index(c, b);
-    if (b->whole() && over_release_threshold()) release_segment(c, b->seg);
+    if (b->whole() && !b->seg->exported && over_release_threshold()) release_segment(c, b->seg);
   }
 
   void link_segment(stream_cache& c, segment* s) noexcept
@@ -975,7 +980,7 @@ struct allocator_core::impl {
     }
     if (const unsigned after = u + e->size; after < k_seg_units) s.units[after].prev = e->size;
     small_index(c, s, u);
-    if (e->size == k_seg_units && over_release_threshold()) release_small_segment(c, s);
+    if (e->size == k_seg_units && !s.exported && over_release_threshold()) release_small_segment(c, s);
   }
 
   // Returns a whole free small segment to the upstream (caller holds c.mu).
@@ -1038,11 +1043,12 @@ struct allocator_core::impl {
   {
     for (segment* s = c.segments; s != nullptr;) {
       segment* next = s->lnext;
-      if (s->head->whole() && s->head->state == block_state::free) release_segment(c, s);
+      if (s->head->whole() && s->head->state == block_state::free && !s->exported) release_segment(c, s);
       s = next;
     }
     for (std::size_t i = c.small_dir.size(); i-- > 0;) {
-      if (c.small_dir[i].second->whole_free()) release_small_segment(c, *c.small_dir[i].second);
+      const small_segment& s = *c.small_dir[i].second;
+      if (s.whole_free() && !s.exported) release_small_segment(c, *c.small_dir[i].second);
     }
   }
 
@@ -1535,6 +1541,27 @@ void allocator_core::record_stream(void* ptr, native_stream stream)
   if (std::find(uses->begin(), uses->end(), stream) == uses->end()) uses->push_back(stream);
 }
 
+ipc_handle allocator_core::ipc_export(void* ptr)
+{
+  impl& m = *impl_;
+  auto [b, lock] = m.lookup(ptr, m.hint_for(nullptr, false), false);
+  const std::uintptr_t base = b.large != nullptr ? b.large->seg->addr : b.seg->addr;
+  ipc_handle h;
+  h.memory = m.up->ipc_export(reinterpret_cast<void*>(base));  // throws: nothing changed
+  if (b.large != nullptr) {
+    b.large->seg->exported = true;
+  } else {
+    b.seg->exported = true;
+  }
+  h.device = m.dev;
+  h.process = static_cast<std::uint64_t>(::getpid());
+  h.segment = base;
+  h.offset = impl::address_of(b) - base;
+  h.size = impl::size_of(b);
+  h.requested = impl::requested_of(b);
+  return h;
+}
+
 memory_stats allocator_core::stats() const { return impl_->stats(); }
 
 allocator_snapshot allocator_core::snapshot() const
@@ -1552,6 +1579,7 @@ allocator_snapshot allocator_core::snapshot() const
       si.size = s->size;
       si.small_pool = s->small;
       si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
+      si.exported = s->exported;
       for (const block* b = s->head; b != nullptr; b = b->next) {
         si.blocks.push_back(block_info{b->addr, b->size,
                                        b->state == block_state::free ? 0 : b->requested, b->state});
@@ -1564,6 +1592,7 @@ allocator_snapshot allocator_core::snapshot() const
       si.size = k_small_segment;
       si.small_pool = true;
       si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
+      si.exported = s->exported;
       for (unsigned u = 0; u < k_seg_units; u += s->units[u].size) {
         const unit_entry& e = s->units[u];
         si.blocks.push_back(block_info{s->addr + unit_bytes(u), unit_bytes(e.size),

@@ -42,6 +42,7 @@ std::string allocator_snapshot::to_json() const
                     {"size", s.size},
                     {"pool", s.small_pool ? "small" : "large"},
                     {"stream", s.stream},
+                    {"exported", s.exported},
                     {"blocks", std::move(blocks)}});
   }
   return nlohmann::json{{"format", "depot.snapshot.v1"}, {"device", device.to_string()}, {"segments", segs}}

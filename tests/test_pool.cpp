@@ -12,13 +12,21 @@
 #include <depot/ops/fill.hpp>
 #include <depot/pool/caching_allocator.hpp>
 #include <depot/pool/fixed_pool.hpp>
+#include <depot/pool/ipc_handle.hpp>
+#include <depot/pool/ipc_mapping.hpp>
 #include <depot/pool/memory_functions.hpp>
 #include <depot/pool/pool.hpp>
 #include <depot/pool/profile_memory.hpp>
 
 #include <nlohmann/json.hpp>
 
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -459,6 +467,160 @@ TEST_CASE_TEMPLATE("pool: pointers inside or beside live blocks are refused in e
   const auto end = a.stats();
   CHECK(end.allocated_bytes.all.current == 0);
   CHECK(end.inactive_split_bytes.all.current == 0);  // every neighbour merged back
+}
+
+namespace {
+
+// Runs tests/ipc_child.cpp (built beside this binary) on `handle`; its exit status, or -1.
+int run_ipc_child(const std::string& handle, int expect, int next)
+{
+  std::string self(4096, '\0');
+  const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size());
+  REQUIRE(n > 0);
+  self.resize(static_cast<std::size_t>(n));
+  const std::string child = self.substr(0, self.rfind('/')) + "/depot-ipc-child";
+  std::string e = std::to_string(expect);
+  std::string x = std::to_string(next);
+  std::string h = handle;
+  char* args[] = {const_cast<char*>(child.c_str()), h.data(), e.data(), x.data(), nullptr};
+  pid_t pid = 0;
+  REQUIRE(::posix_spawn(&pid, child.c_str(), nullptr, nullptr, args, environ) == 0);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TEST_DEVICES)
+{
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  // A dense small block, a linked small block, a large block sharing a segment and one with
+  // a segment of its own (>= 10 MiB); each after a neighbour of its size, so the exported
+  // block does not start its segment (but the last).
+  std::vector<void*> keep;
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  for (std::size_t n : {std::size_t{3000}, 300 * KiB, 6 * MiB + 5, 12 * MiB + 5}) {
+    keep.push_back(a.allocate(n));
+    blocks.emplace_back(a.allocate(n), n);
+  }
+  const auto before = a.stats();
+
+  // Bad input on every backend: pointers that are not live blocks, text that is no handle.
+  auto* first = static_cast<char*>(blocks[0].first);
+  int foreign = 0;
+  CHECK_THROWS_WITH_AS(std::ignore = a.ipc_export(&foreign), doctest::Contains("not a live allocation"),
+                       depot::invalid_argument);
+  CHECK_THROWS_AS(std::ignore = a.ipc_export(first + 512), depot::invalid_argument);
+  CHECK_THROWS_AS(std::ignore = a.ipc_export(nullptr), depot::invalid_argument);
+  CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex("abc"), doctest::Contains("expected 226 hex digits"),
+                       depot::invalid_argument);
+  depot::ipc_handle made;
+  made.device = depot::device_id{depot::device_kind::cuda, 0};
+  made.process = 1;
+  made.segment = 1 << 21;
+  made.offset = 512;
+  made.size = 1024;
+  made.requested = 1000;
+  made.memory.bytes[0] = 0xAB;
+  made.memory.bytes[63] = 0xCD;
+  const std::string text = made.to_hex();
+  REQUIRE(text.size() == depot::ipc_handle::hex_length);
+  CHECK(depot::ipc_handle::from_hex(text) == made);
+  std::string upper = text;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  CHECK(depot::ipc_handle::from_hex(upper) == made);
+  auto altered = [&](std::size_t at, const std::string& with) {
+    std::string t = text;
+    t.replace(at, with.size(), with);
+    return t;
+  };
+  CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(altered(7, "g")), doctest::Contains("character 7"),
+                       depot::invalid_argument);
+  CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(altered(0, "00")), doctest::Contains("dpt1"),
+                       depot::invalid_argument);
+  CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(altered(8, "00")),  // kind host
+                       doctest::Contains("valid: 1 cuda, 2 hip"), depot::invalid_argument);
+  CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(altered(10, "ffffffff")),  // index -1
+                       doctest::Contains("out of range"), depot::invalid_argument);
+  {
+    depot::ipc_handle h = made;
+    h.requested = 2000;  // more than the block spans
+    CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(h.to_hex()),
+                         doctest::Contains("0 < requested <= size"), depot::invalid_argument);
+    h = made;
+    h.offset = ~std::uint64_t{0} - 100;  // wraps the address space
+    CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(h.to_hex()), doctest::Contains("overflows"),
+                         depot::invalid_argument);
+  }
+  {
+    depot::ipc_handle other = made;  // a handle of another backend
+    other.device.kind = depot::is_gpu_v<D> ? depot::device_kind::host : depot::device_kind::cuda;
+    if (D::kind == depot::device_kind::cuda) other.device.kind = depot::device_kind::hip;
+    CHECK_THROWS_WITH_AS(depot::ipc_mapping<D>{other}, doctest::Contains("open it with ipc_mapping<"),
+                         depot::invalid_argument);
+  }
+  CHECK(a.stats().allocated_bytes.all.current == before.allocated_bytes.all.current);
+
+  if constexpr (!depot::runtime<D>::has_ipc) {
+    for (auto [p, n] : blocks) {
+      CHECK_THROWS_WITH_AS(std::ignore = a.ipc_export(p), doctest::Contains("cannot share memory with another process"),
+                           depot::error);
+    }
+    depot::ipc_handle h = made;
+    h.device.kind = D::kind;
+    CHECK_THROWS_WITH_AS(depot::ipc_mapping<D>{h}, doctest::Contains("cannot share memory"), depot::error);
+    for (const auto& seg : a.snapshot().segments) CHECK_FALSE(seg.exported);
+  } else {
+    int value = 11;
+    std::set<std::uint64_t> exported_segments;
+    for (auto [p, n] : blocks) {
+      CAPTURE(n);
+      depot::runtime<D>::set_async(p, value, n, nullptr);
+      depot::runtime<D>::synchronize(0);
+      const depot::ipc_handle h = a.ipc_export(p);
+      CHECK(h.device == depot::device_id::of<D>(0));
+      CHECK(h.process == static_cast<std::uint64_t>(::getpid()));
+      CHECK(h.segment + h.offset == reinterpret_cast<std::uintptr_t>(p));
+      CHECK((h.offset > 0) == (n < 10 * MiB));  // after its neighbour, or a segment of its own
+      CHECK(h.requested == n);
+      CHECK(h.size >= n);
+      CHECK(h.size % 512 == 0);
+      CHECK(depot::ipc_handle::from_hex(h.to_hex()) == h);
+      exported_segments.insert(h.segment);
+      {
+        depot::ipc_mapping<D> self{h};  // this process's own handle maps to the block itself
+        CHECK(self.get() == p);
+        CHECK(self.size() == h.size);
+      }
+      CHECK(run_ipc_child(h.to_hex(), value, value + 1) == 0);
+      std::vector<unsigned char> back(n);
+      depot::runtime<D>::copy(back.data(), p, n);
+      CHECK(std::count(back.begin(), back.end(), static_cast<unsigned char>(value + 1)) == static_cast<std::ptrdiff_t>(n));
+      CHECK(run_ipc_child(h.to_hex(), value, 0) == 1);  // the child sees the bytes are no longer `value`
+      value += 10;
+    }
+    check_invariants(a);
+    // Exported segments stay reserved through empty_cache until the allocator goes.
+    for (void* p : keep) a.deallocate(p);
+    for (auto [p, n] : blocks) a.deallocate(p);
+    a.empty_cache();
+    const auto snap = a.snapshot();
+    std::set<std::uint64_t> kept;
+    for (const auto& seg : snap.segments) {
+      CHECK(seg.exported);
+      kept.insert(seg.address);
+    }
+    CHECK(kept == exported_segments);
+    CHECK(nlohmann::json::parse(snap.to_json())["segments"][0]["exported"] == true);
+    check_invariants(a);
+    CHECK(a.stats().allocated_bytes.all.current == 0);
+    return;
+  }
+  for (void* p : keep) a.deallocate(p);
+  for (auto [p, n] : blocks) a.deallocate(p);
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
 }
 
 TEST_CASE_TEMPLATE("pool: a block used on another stream waits for it before reuse", D,

@@ -76,4 +76,11 @@
   {                                                                                               \
     return P##EventElapsedTime(ms, a, b);                                                         \
   }                                                                                               \
-  static error_t device_synchronize() { return P##DeviceSynchronize(); }
+  static error_t device_synchronize() { return P##DeviceSynchronize(); }                          \
+  using ipc_handle_t = P##IpcMemHandle_t;                                                         \
+  static error_t ipc_get(ipc_handle_t* h, void* p) { return P##IpcGetMemHandle(h, p); }           \
+  static error_t ipc_open(void** p, ipc_handle_t h)                                               \
+  {                                                                                               \
+    return P##IpcOpenMemHandle(p, h, P##IpcMemLazyEnablePeerAccess);                              \
+  }                                                                                               \
+  static error_t ipc_close(void* p) { return P##IpcCloseMemHandle(p); }

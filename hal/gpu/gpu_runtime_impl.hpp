@@ -12,6 +12,7 @@
 #include <depot/hal/gpu/gpu_runtime.hpp>
 #include <depot/hal/out_of_memory.hpp>
 
+#include <cstring>
 #include <string>
 
 namespace depot::hal::detail {
@@ -79,6 +80,19 @@ template <class Api>
 typename Api::event_t to_native_event(native_event e) noexcept
 {
   return static_cast<typename Api::event_t>(e);
+}
+
+// Runs `release` (a free or unmap, which has no caller to report to: it must not throw in
+// teardown) with `device` current, then restores the previous device; failures of any of
+// the three calls are cleared from the error state, never thrown.
+template <class Api, class F>
+void release_on(int device, F release) noexcept
+{
+  int previous = 0;
+  const bool switch_device = Api::get_device(&previous) == Api::success && previous != device;
+  if (switch_device && Api::set_device(device) != Api::success) (void)Api::get_last_error();
+  if (release() != Api::success) (void)Api::get_last_error();
+  if (switch_device && Api::set_device(previous) != Api::success) (void)Api::get_last_error();
 }
 
 }  // namespace detail
@@ -190,11 +204,7 @@ void gpu_runtime<Api>::deallocate(void* ptr, int device) noexcept
 {
   // A free that fails leaves nothing for the caller to do; it must not throw in teardown.
   if (ptr == nullptr) return;
-  int previous = 0;
-  const bool switch_device = Api::get_device(&previous) == Api::success && previous != device;
-  if (switch_device && Api::set_device(device) != Api::success) (void)Api::get_last_error();
-  if (Api::free(ptr) != Api::success) (void)Api::get_last_error();
-  if (switch_device && Api::set_device(previous) != Api::success) (void)Api::get_last_error();
+  detail::release_on<Api>(device, [ptr] { return Api::free(ptr); });
 }
 
 template <class Api>
@@ -393,6 +403,39 @@ void gpu_runtime<Api>::enable_peer_access(int device, int peer)
     return;
   }
   DEPOT_GPU_TRY(status);
+}
+
+template <class Api>
+ipc_memory_handle gpu_runtime<Api>::ipc_export(void* allocation, int device)
+{
+  check_device(device);
+  DEPOT_EXPECTS(allocation != nullptr, "depot: ipc_export of a null pointer");
+  detail::scoped_device<Api> on{device};
+  typename Api::ipc_handle_t h{};
+  static_assert(sizeof(h) == ipc_memory_handle::size);
+  DEPOT_GPU_TRY(Api::ipc_get(&h, allocation));
+  ipc_memory_handle out;
+  std::memcpy(out.bytes.data(), &h, sizeof h);
+  return out;
+}
+
+template <class Api>
+void* gpu_runtime<Api>::ipc_open(const ipc_memory_handle& handle, int device)
+{
+  check_device(device);
+  detail::scoped_device<Api> on{device};
+  typename Api::ipc_handle_t h{};
+  std::memcpy(&h, handle.bytes.data(), sizeof h);
+  void* ptr = nullptr;
+  DEPOT_GPU_TRY(Api::ipc_open(&ptr, h));
+  return ptr;
+}
+
+template <class Api>
+void gpu_runtime<Api>::ipc_close(void* ptr, int device) noexcept
+{
+  if (ptr == nullptr) return;
+  detail::release_on<Api>(device, [ptr] { return Api::ipc_close(ptr); });
 }
 
 template <class Api>

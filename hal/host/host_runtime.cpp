@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Part of depot: the memory layer for host, CUDA and HIP tensor data.
 #include <depot/hal/device_id.hpp>
+#include <depot/hal/error.hpp>
 #include <depot/hal/expects.hpp>
 #include <depot/hal/format_bytes.hpp>
 #include <depot/hal/host/host_runtime.hpp>
@@ -177,6 +178,31 @@ void host_runtime::enable_peer_access(int device, int peer)
   check_device(device);
   check_device(peer);
 }
+
+namespace {
+[[noreturn]] void no_host_ipc(const char* call)
+{
+  throw error(std::string{"depot: "} + call +
+                  ": the host backend cannot share memory with another process (its memory "
+                  "is the process's own heap); share host data through a file or POSIX shared "
+                  "memory, or use a CUDA or HIP device",
+              call, __FILE__, __LINE__, 0, "not_supported");
+}
+}  // namespace
+
+ipc_memory_handle host_runtime::ipc_export(void*, int device)
+{
+  check_device(device);
+  no_host_ipc("ipc_export");
+}
+
+void* host_runtime::ipc_open(const ipc_memory_handle&, int device)
+{
+  check_device(device);
+  no_host_ipc("ipc_open");
+}
+
+void host_runtime::ipc_close(void*, int) noexcept {}
 
 native_stream host_runtime::create_stream(int device)
 {

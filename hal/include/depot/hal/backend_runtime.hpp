@@ -3,6 +3,7 @@
 #pragma once
 
 #include <depot/hal/device_properties.hpp>
+#include <depot/hal/ipc_memory_handle.hpp>
 #include <depot/hal/memory_info.hpp>
 #include <depot/hal/native_handle.hpp>
 
@@ -17,9 +18,18 @@ namespace depot::hal {
 // noexcept. Asynchronous functions are ordered on the stream they take. allocate_async is
 // the backend's own stream-ordered allocator (cudaMallocAsync / hipMallocAsync; the heap on
 // the host), kept as the baseline the caching allocator is measured against.
+//
+// Interprocess sharing: has_ipc says whether the backend can share device memory with
+// another process; ipc_export gives the handle of an allocation made by allocate() (its
+// start), ipc_open maps one exported by another process (to the allocation's start) and
+// ipc_close unmaps it. Without has_ipc they throw depot::error saying so.
 template <class R>
 concept backend_runtime = requires(void* p, const void* cp, std::size_t n, int d, native_stream s,
-                                   native_event e, bool b) {
+                                   native_event e, bool b, const ipc_memory_handle& h) {
+  { R::has_ipc } -> std::convertible_to<bool>;
+  { R::ipc_export(p, d) } -> std::same_as<ipc_memory_handle>;
+  { R::ipc_open(h, d) } -> std::same_as<void*>;
+  { R::ipc_close(p, d) } noexcept -> std::same_as<void>;
   { R::device_count() } -> std::same_as<int>;
   { R::current_device() } -> std::same_as<int>;
   { R::set_device(d) } -> std::same_as<void>;

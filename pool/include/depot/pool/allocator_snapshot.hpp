@@ -32,6 +32,7 @@ struct segment_info {
   std::size_t size = 0;
   bool small_pool = false;
   std::uintptr_t stream = 0;  // the stream whose cache holds it (0: default stream)
+  bool exported = false;      // shared with other processes (ipc_handle): kept until destruction
   std::vector<block_info> blocks;
 };
 

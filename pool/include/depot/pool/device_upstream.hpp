@@ -59,6 +59,11 @@ class device_upstream final : public upstream_resource {
   }
   void destroy_event(native_event event) noexcept override { runtime<D>::destroy_event(event, device_); }
   void synchronize_device() override { runtime<D>::synchronize(device_); }
+  [[nodiscard]] ipc_memory_handle ipc_export(void* segment) override
+  {
+    if (pinned_) return upstream_resource::ipc_export(segment);  // pinned host: process-private
+    return runtime<D>::ipc_export(segment, device_);
+  }
 
  private:
   int device_;

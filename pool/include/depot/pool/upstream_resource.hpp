@@ -3,6 +3,8 @@
 #pragma once
 
 #include <depot/hal/device_id.hpp>
+#include <depot/hal/error.hpp>
+#include <depot/hal/ipc_memory_handle.hpp>
 #include <depot/hal/memory_info.hpp>
 #include <depot/hal/native_handle.hpp>
 
@@ -35,6 +37,16 @@ class upstream_resource {
   virtual void destroy_event(native_event event) noexcept = 0;
   // Blocks until all work on the device is done (whatever streams it was queued on).
   virtual void synchronize_device() = 0;
+  // The interprocess handle of a segment (a pointer allocate() returned). By default, and
+  // for upstreams whose memory is process-private, throws depot::error saying so.
+  [[nodiscard]] virtual ipc_memory_handle ipc_export(void* segment)
+  {
+    (void)segment;
+    throw error("depot: " + device().to_string() +
+                    " caching allocator: this upstream's memory cannot be shared with another "
+                    "process (only CUDA and HIP device memory can)",
+                "ipc_export", __FILE__, __LINE__, 0, "not_supported");
+  }
 };
 
 }  // namespace depot

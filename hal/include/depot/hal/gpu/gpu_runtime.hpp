@@ -5,6 +5,7 @@
 #include <depot/config.hpp>
 #include <depot/hal/backend_runtime.hpp>
 #include <depot/hal/device_properties.hpp>
+#include <depot/hal/ipc_memory_handle.hpp>
 #include <depot/hal/memory_info.hpp>
 #include <depot/hal/native_handle.hpp>
 
@@ -58,6 +59,11 @@ class gpu_runtime {
   static void set_async(void* dst, int value, std::size_t bytes, native_stream stream);
   static bool can_access_peer(int device, int peer);
   static void enable_peer_access(int device, int peer);
+
+  static constexpr bool has_ipc = true;
+  static ipc_memory_handle ipc_export(void* allocation, int device);
+  static void* ipc_open(const ipc_memory_handle& handle, int device);
+  static void ipc_close(void* ptr, int device) noexcept;
 
   static native_stream create_stream(int device);
   static void destroy_stream(native_stream stream, int device) noexcept;

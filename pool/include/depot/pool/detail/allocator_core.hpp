@@ -7,6 +7,7 @@
 #include <depot/hal/native_handle.hpp>
 #include <depot/pool/allocator_config.hpp>
 #include <depot/pool/allocator_snapshot.hpp>
+#include <depot/pool/ipc_handle.hpp>
 #include <depot/pool/memory_stats.hpp>
 #include <depot/pool/trace_event.hpp>
 #include <depot/pool/upstream_resource.hpp>
@@ -33,6 +34,7 @@ class allocator_core {
   // `expected_bytes`: the size-taking overload's size (0: not given).
   void deallocate(void* ptr, native_stream stream, bool stream_given, std::size_t expected_bytes);
   void record_stream(void* ptr, native_stream stream);
+  [[nodiscard]] ipc_handle ipc_export(void* ptr);
 
   [[nodiscard]] memory_stats stats() const;
   [[nodiscard]] allocator_snapshot snapshot() const;
