@@ -642,6 +642,10 @@ allocator_snapshot parse_snapshot(std::string_view text, std::string_view name)
       sfail(sw + "field 'pool': expected \"small\" or \"large\", got " + shown(pool));
     }
     seg.small_pool = pool == "small";
+    if (const auto ex = s.find("exported"); ex != s.end()) {  // optional: files before it lack it
+      if (!ex->is_boolean()) sfail(sw + "field 'exported': expected true or false, got " + ex->dump());
+      seg.exported = ex->get<bool>();
+    }
     const auto blocks = s.find("blocks");
     if (blocks == s.end()) sfail(sw + "required field 'blocks' is missing");
     if (!blocks->is_array()) sfail(sw + "field 'blocks': expected an array, got " + std::string{blocks->type_name()});

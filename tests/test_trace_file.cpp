@@ -100,6 +100,7 @@ TEST_CASE_TEMPLATE("trace: a real allocator's trace and snapshot read back exact
     CHECK(back.segments[s].address == snap.segments[s].address);
     CHECK(back.segments[s].size == snap.segments[s].size);
     CHECK(back.segments[s].small_pool == snap.segments[s].small_pool);
+    CHECK(back.segments[s].exported == snap.segments[s].exported);
     REQUIRE(back.segments[s].blocks.size() == snap.segments[s].blocks.size());
     for (std::size_t b = 0; b < snap.segments[s].blocks.size(); ++b) {
       CHECK(back.segments[s].blocks[b].address == snap.segments[s].blocks[b].address);
@@ -332,6 +333,12 @@ TEST_CASE("trace: files that are missing, unreadable or not snapshots")
   REQUIRE(s.segments.size() == 1);
   CHECK(s.segments[0].blocks[0].state == depot::block_state::allocated);
   CHECK(s.device.kind == depot::device_kind::cuda);
+  CHECK_FALSE(s.segments[0].exported);  // optional: absent reads as not exported
+  {
+    std::string t = good;
+    t.replace(t.find("\"stream\":0,"), 11, "\"stream\":0,\"exported\":true,");
+    CHECK(depot::parse_snapshot(t).segments[0].exported);
+  }
 
   struct bad_case {
     std::string text;
@@ -353,6 +360,7 @@ TEST_CASE("trace: files that are missing, unreadable or not snapshots")
       {replace("\"device\":\"cuda:0\"", "\"device\":\"tpu:0\""), {"'device'"}},
       {replace("\"depot.snapshot.v1\"", "\"depot.trace.v1\""), {"trace, not a snapshot"}},
       {replace(",\"stream\":0", ""), {"segment 0", "'stream'", "missing"}},
+      {replace("\"stream\":0,", "\"stream\":0,\"exported\":1,"), {"segment 0", "'exported'", "true or false"}},
       {"[]", {"expected a JSON object"}},
   };
   for (const bad_case& c : cases) {
