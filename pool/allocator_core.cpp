@@ -850,7 +850,7 @@ struct allocator_core::impl {
       c.spare.push_back(n);
     }
     index(c, b);
-    if (b->whole() && !b->seg->exported && over_release_threshold()) release_segment(c, b->seg);
+    if (releasable(*b->seg) && over_release_threshold()) release_segment(c, b->seg);
   }
 
   void link_segment(stream_cache& c, segment* s) noexcept
@@ -980,7 +980,7 @@ struct allocator_core::impl {
     }
     if (const unsigned after = u + e->size; after < k_seg_units) s.units[after].prev = e->size;
     small_index(c, s, u);
-    if (e->size == k_seg_units && !s.exported && over_release_threshold()) release_small_segment(c, s);
+    if (releasable(s) && over_release_threshold()) release_small_segment(c, s);
   }
 
   // Returns a whole free small segment to the upstream (caller holds c.mu).
@@ -1039,16 +1039,23 @@ struct allocator_core::impl {
     }
   }
 
+  // Whether a segment may go back to the upstream now: wholly free, and not shared with
+  // other processes (an exported segment stays until the allocator goes).
+  static bool releasable(const segment& s) noexcept
+  {
+    return s.head->whole() && s.head->state == block_state::free && !s.exported;
+  }
+  static bool releasable(const small_segment& s) noexcept { return s.whole_free() && !s.exported; }
+
   void release_free_segments(stream_cache& c) noexcept
   {
     for (segment* s = c.segments; s != nullptr;) {
       segment* next = s->lnext;
-      if (s->head->whole() && s->head->state == block_state::free && !s->exported) release_segment(c, s);
+      if (releasable(*s)) release_segment(c, s);
       s = next;
     }
     for (std::size_t i = c.small_dir.size(); i-- > 0;) {
-      const small_segment& s = *c.small_dir[i].second;
-      if (s.whole_free() && !s.exported) release_small_segment(c, *c.small_dir[i].second);
+      if (small_segment& s = *c.small_dir[i].second; releasable(s)) release_small_segment(c, s);
     }
   }
 
@@ -1546,13 +1553,10 @@ ipc_handle allocator_core::ipc_export(void* ptr)
   impl& m = *impl_;
   auto [b, lock] = m.lookup(ptr, m.hint_for(nullptr, false), false);
   const std::uintptr_t base = b.large != nullptr ? b.large->seg->addr : b.seg->addr;
+  bool& exported = b.large != nullptr ? b.large->seg->exported : b.seg->exported;
   ipc_handle h;
   h.memory = m.up->ipc_export(reinterpret_cast<void*>(base));  // throws: nothing changed
-  if (b.large != nullptr) {
-    b.large->seg->exported = true;
-  } else {
-    b.seg->exported = true;
-  }
+  exported = true;
   h.device = m.dev;
   h.process = static_cast<std::uint64_t>(::getpid());
   h.segment = base;

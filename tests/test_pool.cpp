@@ -555,8 +555,7 @@ TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TE
   }
   {
     depot::ipc_handle other = made;  // a handle of another backend
-    other.device.kind = depot::is_gpu_v<D> ? depot::device_kind::host : depot::device_kind::cuda;
-    if (D::kind == depot::device_kind::cuda) other.device.kind = depot::device_kind::hip;
+    other.device.kind = D::kind == depot::device_kind::cuda ? depot::device_kind::hip : depot::device_kind::cuda;
     CHECK_THROWS_WITH_AS(depot::ipc_mapping<D>{other}, doctest::Contains("open it with ipc_mapping<"),
                          depot::invalid_argument);
   }
