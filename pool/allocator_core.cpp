@@ -15,8 +15,9 @@
 // Locks: each stream_cache has its own mutex and its own table of the blocks it handed out,
 // so an allocation or a free on one stream takes one lock, and threads on different streams
 // never meet; a free from another stream searches the other caches. Growth (upstream calls,
-// stealing, out-of-memory handling) takes grow_mu. Statistics are atomics updated under
-// the owning cache's lock, so stats() and snapshot(), which take every cache lock, agree.
+// stealing, out-of-memory handling) takes grow_mu. Statistics: an operation gathers its
+// changes in its cache and applies them to the shared figures under one short spin lock as
+// it gives the cache lock back, so stats() and snapshot(), which take every cache lock, agree.
 // Streams: a block freed on its own stream is reusable at once on that stream; a block
 // that record_stream() marked as used by other streams waits for events on them. A whole
 // free segment of another stream can be taken over once the device has finished its queued
@@ -465,6 +466,182 @@ class small_free_index {
   std::size_t bytes_ = 0;
 };
 
+// The statistics' quantities, each kept per pool ([0] large, [1] small).
+enum quantity : unsigned {
+  q_allocated,
+  q_requested,
+  q_reserved,
+  q_active,
+  q_inactive_split,
+  q_num_allocations,
+  q_num_segments,
+  q_count
+};
+
+// A lock for a few dozen instructions that never block: one exchange to take, a plain
+// store to give back (std::mutex pays a second read-modify-write to unlock).
+class spin_lock {
+ public:
+  void lock() noexcept
+  {
+    while (held_.exchange(true, std::memory_order_acquire)) {
+      while (held_.load(std::memory_order_relaxed)) relax();
+    }
+  }
+  void unlock() noexcept { held_.store(false, std::memory_order_release); }
+
+ private:
+  static void relax() noexcept
+  {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
+  }
+  std::atomic<bool> held_{false};
+};
+
+// The allocator's figures, shared by its stream caches. Written under `mu` (taken by an
+// operation at its first change and given back with its cache lock, so an operation costs
+// one atomic read-modify-write however many figures it changes) with plain loads and stores
+// of relaxed atomics, so readers that need no exact figure (growth limits) may read without
+// a lock; stats() reads under every cache lock, so its figures agree with a snapshot. Per
+// pool and quantity: current, added (since the last reset of totals), peak; freed = added -
+// (current - base), base being current at that reset. "all" figures are the pools' sums;
+// their peaks, and those of cached = reserved - allocated, are raised at every increase.
+struct shared_stats {
+  struct cell {
+    std::atomic<std::int64_t> current{0};
+    std::atomic<std::int64_t> added{0};
+    std::atomic<std::int64_t> peak{0};
+  };
+  spin_lock mu;
+  std::array<std::array<cell, q_count>, 2> cells;  // [pool][quantity]: a pool's figures together
+  std::array<std::atomic<std::int64_t>, q_count> all_peak{};
+  std::array<std::atomic<std::int64_t>, 3> cached_peak{};  // large, small, all
+  std::array<std::array<std::int64_t, q_count>, 2> base{};
+
+  static std::int64_t get(const std::atomic<std::int64_t>& a) noexcept
+  {
+    return a.load(std::memory_order_relaxed);
+  }
+  static void set(std::atomic<std::int64_t>& a, std::int64_t v) noexcept
+  {
+    a.store(v, std::memory_order_relaxed);
+  }
+  static void raise(std::atomic<std::int64_t>& peak, std::int64_t value) noexcept
+  {
+    if (value > get(peak)) set(peak, value);
+  }
+
+  [[nodiscard]] std::int64_t current(quantity q, int p) const noexcept
+  {
+    return get(cells[static_cast<std::size_t>(p)][q].current);
+  }
+  [[nodiscard]] std::int64_t total(quantity q) const noexcept { return current(q, 0) + current(q, 1); }
+
+  void raise_cached() noexcept
+  {
+    const std::int64_t large = current(q_reserved, 0) - current(q_allocated, 0);
+    const std::int64_t small = current(q_reserved, 1) - current(q_allocated, 1);
+    raise(cached_peak[0], large);
+    raise(cached_peak[1], small);
+    raise(cached_peak[2], large + small);
+  }
+
+  // Caller holds mu.
+  void add(quantity q, bool is_small, std::size_t bytes) noexcept
+  {
+    const auto n = static_cast<std::int64_t>(bytes);
+    cell& c = cells[is_small ? 1 : 0][q];
+    const std::int64_t now = get(c.current) + n;
+    set(c.current, now);
+    set(c.added, get(c.added) + n);
+    raise(c.peak, now);
+    raise(all_peak[q], now + get(cells[is_small ? 0 : 1][q].current));
+    if (q == q_reserved) raise_cached();
+  }
+  void sub(quantity q, bool is_small, std::size_t bytes) noexcept
+  {
+    cell& c = cells[is_small ? 1 : 0][q];
+    set(c.current, get(c.current) - static_cast<std::int64_t>(bytes));
+    if (q == q_allocated) raise_cached();
+  }
+
+  // A block of `size` handed out for `bytes` (caller holds mu): the four figures an
+  // allocation changes, in one pass over the pool's row.
+  void allocation(bool is_small, std::size_t size, std::size_t bytes) noexcept
+  {
+    auto& row = cells[is_small ? 1 : 0];
+    const auto& other = cells[is_small ? 0 : 1];
+    const auto step = [&](quantity q, std::int64_t n) {
+      cell& c = row[q];
+      const std::int64_t now = get(c.current) + n;
+      set(c.current, now);
+      set(c.added, get(c.added) + n);
+      raise(c.peak, now);
+      raise(all_peak[q], now + get(other[q].current));
+    };
+    step(q_allocated, static_cast<std::int64_t>(size));
+    step(q_requested, static_cast<std::int64_t>(bytes));
+    step(q_active, static_cast<std::int64_t>(size));
+    step(q_num_allocations, 1);
+  }
+  // The figures a free changes at once (active stays until the block is back in the cache).
+  void deallocation(bool is_small, std::size_t size, std::size_t bytes) noexcept
+  {
+    auto& row = cells[is_small ? 1 : 0];
+    set(row[q_allocated].current, get(row[q_allocated].current) - static_cast<std::int64_t>(size));
+    set(row[q_requested].current, get(row[q_requested].current) - static_cast<std::int64_t>(bytes));
+    set(row[q_num_allocations].current, get(row[q_num_allocations].current) - 1);
+    raise_cached();
+  }
+
+  [[nodiscard]] stat load_cell(quantity q, int p) const noexcept
+  {
+    const cell& c = cells[static_cast<std::size_t>(p)][q];
+    const std::int64_t cur = get(c.current);
+    const std::int64_t added = get(c.added);
+    return stat{cur, get(c.peak), added, added - (cur - base[static_cast<std::size_t>(p)][q])};
+  }
+  [[nodiscard]] stat_array load(quantity q) const noexcept
+  {
+    stat_array a;
+    a.large = load_cell(q, 0);
+    a.small = load_cell(q, 1);
+    a.all = stat{a.large.current + a.small.current, get(all_peak[q]), a.large.allocated + a.small.allocated,
+                 a.large.freed + a.small.freed};
+    return a;
+  }
+  [[nodiscard]] std::int64_t cached_peak_of(int p) const noexcept
+  {
+    return get(cached_peak[static_cast<std::size_t>(p)]);
+  }
+
+  // Peaks restart from the current figures (caller holds every cache lock).
+  void reset_peaks() noexcept
+  {
+    for (auto& pool : cells) {
+      for (cell& c : pool) set(c.peak, get(c.current));
+    }
+    for (unsigned q = 0; q < q_count; ++q) set(all_peak[q], total(static_cast<quantity>(q)));
+    for (auto& p : cached_peak) set(p, std::numeric_limits<std::int64_t>::min());
+    raise_cached();
+  }
+  // Totals (allocated / freed) restart; current figures stay (caller holds every cache lock).
+  void reset_totals() noexcept
+  {
+    for (std::size_t p = 0; p < 2; ++p) {
+      for (unsigned q = 0; q < q_count; ++q) {
+        set(cells[p][q].added, 0);
+        base[p][q] = get(cells[p][q].current);
+      }
+    }
+    reset_peaks();
+  }
+};
+
 // A live block of either pool: a record (large) or a segment and a unit (small).
 struct block_ref {
   block* large = nullptr;
@@ -486,6 +663,7 @@ struct stream_cache {
   pointer_table live;         // the large blocks of this cache that are handed out, by address
   std::unordered_map<std::uintptr_t, std::vector<native_stream>> small_uses;  // record_stream
   std::int64_t hits = 0;      // allocations served from this cache without growing
+  bool stats_held = false;    // the operation under way holds the shared figures' lock
 
   // The first small segment above address p.
   [[nodiscard]] auto small_after(std::uintptr_t p) const noexcept
@@ -516,89 +694,31 @@ struct stream_cache {
   }
 };
 
-// One quantity of the statistics, per pool, kept with as few atomic read-modify-writes as
-// exact figures allow: an increase adds to `current` and `added` and raises the peaks (a
-// load, and a compare-exchange only when a peak moves); a decrease only lowers `current`.
-// freed = added - (current - base), where base is current at the last reset of totals.
-// The "all" figures are the pools' sums, except all_peak, raised after each increase.
-// Updated under a cache lock; stats() reads under every cache lock, so figures agree.
-void raise(std::atomic<std::int64_t>& peak, std::int64_t value) noexcept
-{
-  std::int64_t p = peak.load(std::memory_order_relaxed);
-  while (value > p && !peak.compare_exchange_weak(p, value, std::memory_order_relaxed)) {
-  }
-}
-
-struct lean_stat {
-  struct alignas(64) pool_counter {
-    std::atomic<std::int64_t> current{0};
-    std::atomic<std::int64_t> added{0};
-    std::atomic<std::int64_t> peak{0};
-    std::int64_t base = 0;
-  };
-  std::array<pool_counter, 2> pool;  // [0] large, [1] small
-  std::atomic<std::int64_t> all_peak{0};
-
-  void add(bool is_small, std::size_t bytes) noexcept
+// A stream cache's lock (movable, may be empty). Giving it back first gives back the
+// shared figures' lock if the operation took it, so a reader that takes the cache lock
+// never sees an operation half-counted.
+class cache_lock {
+ public:
+  cache_lock() = default;
+  cache_lock(spin_lock& s, stream_cache& c) : stats_{&s}, cache_{&c} { c.mu.lock(); }
+  cache_lock(spin_lock& s, stream_cache& c, std::adopt_lock_t) noexcept : stats_{&s}, cache_{&c} {}
+  cache_lock(cache_lock&& o) noexcept : stats_{o.stats_}, cache_{std::exchange(o.cache_, nullptr)} {}
+  cache_lock(const cache_lock&) = delete;
+  cache_lock& operator=(const cache_lock&) = delete;
+  cache_lock& operator=(cache_lock&&) = delete;
+  ~cache_lock()
   {
-    const auto n = static_cast<std::int64_t>(bytes);
-    pool_counter& c = pool[is_small ? 1 : 0];
-    c.added.fetch_add(n, std::memory_order_relaxed);
-    const std::int64_t now = c.current.fetch_add(n, std::memory_order_relaxed) + n;
-    raise(c.peak, now);
-    raise(all_peak, now + pool[is_small ? 0 : 1].current.load(std::memory_order_relaxed));
-  }
-  void sub(bool is_small, std::size_t bytes) noexcept
-  {
-    pool[is_small ? 1 : 0].current.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
-  }
-  [[nodiscard]] std::int64_t current(int p) const noexcept { return pool[static_cast<std::size_t>(p)].current.load(std::memory_order_relaxed); }
-  [[nodiscard]] stat load_pool(int p) const noexcept
-  {
-    const pool_counter& c = pool[static_cast<std::size_t>(p)];
-    const std::int64_t cur = c.current.load(std::memory_order_relaxed);
-    const std::int64_t added = c.added.load(std::memory_order_relaxed);
-    return stat{cur, c.peak.load(std::memory_order_relaxed), added, added - (cur - c.base)};
-  }
-  [[nodiscard]] stat_array load() const noexcept
-  {
-    stat_array a;
-    a.large = load_pool(0);
-    a.small = load_pool(1);
-    a.all = stat{a.large.current + a.small.current, all_peak.load(std::memory_order_relaxed),
-                 a.large.allocated + a.small.allocated, a.large.freed + a.small.freed};
-    return a;
-  }
-  void reset_peak() noexcept
-  {
-    for (pool_counter& c : pool) c.peak.store(c.current.load());
-    all_peak.store(current(0) + current(1));
-  }
-  void reset_totals() noexcept
-  {
-    for (pool_counter& c : pool) {
-      c.added.store(0);
-      c.base = c.current.load();
+    if (cache_ == nullptr) return;
+    if (cache_->stats_held) {
+      cache_->stats_held = false;
+      stats_->unlock();
     }
-    reset_peak();
+    cache_->mu.unlock();
   }
-};
 
-// cached = reserved - allocated is derived; only its peaks are kept, raised when it grows.
-struct cached_peaks {
-  std::array<std::atomic<std::int64_t>, 2> pool{};
-  std::atomic<std::int64_t> all{0};
-  void raise_from(const lean_stat& reserved, const lean_stat& allocated, bool is_small) noexcept
-  {
-    const int p = is_small ? 1 : 0;
-    raise(pool[static_cast<std::size_t>(p)], reserved.current(p) - allocated.current(p));
-    raise(all, reserved.current(0) + reserved.current(1) - allocated.current(0) - allocated.current(1));
-  }
-  void reset(const lean_stat& reserved, const lean_stat& allocated) noexcept
-  {
-    for (int p = 0; p < 2; ++p) pool[static_cast<std::size_t>(p)].store(reserved.current(p) - allocated.current(p));
-    all.store(reserved.current(0) + reserved.current(1) - allocated.current(0) - allocated.current(1));
-  }
+ private:
+  spin_lock* stats_ = nullptr;
+  stream_cache* cache_ = nullptr;
 };
 
 std::atomic<std::uint64_t> next_allocator_id{1};
@@ -608,7 +728,10 @@ struct thread_cache_entry {
   native_stream stream = nullptr;
   stream_cache* cache = nullptr;
 };
-thread_local thread_cache_entry tl_cache;
+// initial-exec: a fixed offset from the thread pointer, where the default model for a shared
+// library calls __tls_get_addr on every allocation and free (24 bytes of the static TLS that
+// glibc keeps spare for libraries loaded later).
+[[gnu::tls_model("initial-exec")]] thread_local thread_cache_entry tl_cache;
 
 }  // namespace
 
@@ -658,9 +781,33 @@ struct allocator_core::impl {
 
   std::mutex grow_mu;
 
-  lean_stat allocated_bytes, requested_bytes, reserved_bytes, active_bytes, inactive_split_bytes,
-      num_allocations, num_segments;
-  cached_peaks cached_peak;
+  shared_stats figures;
+
+  // The shared figures, changed by an operation on `c` (caller holds c.mu): the figures'
+  // lock is taken at the first change and given back with c.mu, or by drop_stats() before
+  // anything that may block or touches another cache.
+  void add(stream_cache& c, quantity q, bool small, std::size_t n) noexcept
+  {
+    hold_stats(c);
+    figures.add(q, small, n);
+  }
+  void sub(stream_cache& c, quantity q, bool small, std::size_t n) noexcept
+  {
+    hold_stats(c);
+    figures.sub(q, small, n);
+  }
+  void hold_stats(stream_cache& c) noexcept
+  {
+    if (c.stats_held) return;
+    figures.mu.lock();
+    c.stats_held = true;
+  }
+  void drop_stats(stream_cache& c) noexcept
+  {
+    if (!c.stats_held) return;
+    c.stats_held = false;
+    figures.mu.unlock();
+  }
   std::atomic<std::int64_t> misses{0}, retries{0}, ooms{0};
   std::int64_t hits_base = 0;  // hits before the last reset_memory_stats (under all locks)
 
@@ -686,8 +833,14 @@ struct allocator_core::impl {
 
   stream_cache& cache_for(native_stream s)
   {
-    thread_cache_entry& t = tl_cache;
+    const thread_cache_entry& t = tl_cache;
     if (t.owner == id && t.stream == s) return *t.cache;
+    return find_cache(s);
+  }
+
+  // cache_for() when the thread's last stream was another: the registry, or a new cache.
+  [[gnu::noinline]] stream_cache& find_cache(native_stream s)
+  {
     stream_cache* c = nullptr;
     {
       std::shared_lock r{registry_mu};
@@ -702,7 +855,7 @@ struct allocator_core::impl {
       }
       c = it->second;
     }
-    t = thread_cache_entry{id, s, c};
+    tl_cache = thread_cache_entry{id, s, c};
     return *c;
   }
 
@@ -755,14 +908,14 @@ struct allocator_core::impl {
   {
     b->state = block_state::free;
     b->counted_split = !b->whole();
-    if (b->counted_split) inactive_split_bytes.add(b->seg->small, b->size);
+    if (b->counted_split) add(c, q_inactive_split, b->seg->small, b->size);
     c.pools[b->seg->small ? 1 : 0].insert(b);
   }
 
   void unindex(stream_cache& c, block* b) noexcept
   {
     c.pools[b->seg->small ? 1 : 0].remove(b);
-    if (b->counted_split) inactive_split_bytes.sub(b->seg->small, b->size);
+    if (b->counted_split) sub(c, q_inactive_split, b->seg->small, b->size);
     b->counted_split = false;
   }
 
@@ -792,12 +945,10 @@ struct allocator_core::impl {
     index(c, r);
   }
 
-  void count_allocation(bool small, std::size_t size, std::size_t bytes) noexcept
+  void count_allocation(stream_cache& c, bool small, std::size_t size, std::size_t bytes) noexcept
   {
-    allocated_bytes.add(small, size);
-    requested_bytes.add(small, bytes);
-    active_bytes.add(small, size);
-    num_allocations.add(small, 1);
+    hold_stats(c);
+    figures.allocation(small, size, bytes);
   }
 
   // Hands out `b` (not indexed) for a request of `bytes` (caller holds c.mu).
@@ -808,7 +959,7 @@ struct allocator_core::impl {
     b->requested = bytes;
     b->t_alloc = tracing.load(std::memory_order_relaxed) ? now_ns() : 0;
     c.live.insert(b->addr, b);  // may throw (growth) before anything is counted
-    count_allocation(b->seg->small, b->size, bytes);
+    count_allocation(c, b->seg->small, b->size, bytes);
   }
 
   block* take_free(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
@@ -820,18 +971,18 @@ struct allocator_core::impl {
     return b;
   }
 
+  // Whether the cached bytes exceed release_threshold.
   bool over_release_threshold() const noexcept
   {
-    return cfg.release_threshold != k_unlimited &&
-           static_cast<std::size_t>(reserved_bytes.current(0) + reserved_bytes.current(1) -
-                                    allocated_bytes.current(0) - allocated_bytes.current(1)) >
-               cfg.release_threshold;
+    if (cfg.release_threshold == k_unlimited) return false;
+    return static_cast<std::size_t>(figures.total(q_reserved) - figures.total(q_allocated)) >
+           cfg.release_threshold;
   }
 
   // Back to the cache: merge with free neighbours, index (caller holds c.mu).
   void release_block(stream_cache& c, block* b)
   {
-    active_bytes.sub(b->seg->small, b->size);
+    sub(c, q_active, b->seg->small, b->size);
     b->requested = 0;
     b->uses.clear();
     if (block* p = b->prev; p != nullptr && p->state == block_state::free) {
@@ -879,8 +1030,9 @@ struct allocator_core::impl {
     block* b = s->head;
     unindex(c, b);
     unlink_segment(c, s);
-    reserved_bytes.sub(s->small, s->size);
-    num_segments.sub(s->small, 1);
+    sub(c, q_reserved, s->small, s->size);
+    sub(c, q_num_segments, s->small, 1);
+    drop_stats(c);  // the upstream call below may block
     record(event_of(trace_kind::segment_free, s->addr, s->size, 0, c.stream));
     up->deallocate(reinterpret_cast<void*>(s->addr), s->size);
     c.spare.push_back(b);
@@ -905,7 +1057,7 @@ struct allocator_core::impl {
     e.flags = unit_entry::head;
     if (e.size != k_seg_units) {
       e.flags |= unit_entry::split;
-      inactive_split_bytes.add(true, unit_bytes(e.size));
+      add(c, q_inactive_split, true, unit_bytes(e.size));
     }
     c.small.insert(link_of(s, u), e);
   }
@@ -914,7 +1066,7 @@ struct allocator_core::impl {
   {
     unit_entry& e = s.units[u];
     c.small.remove(e);
-    if ((e.flags & unit_entry::split) != 0) inactive_split_bytes.sub(true, unit_bytes(e.size));
+    if ((e.flags & unit_entry::split) != 0) sub(c, q_inactive_split, true, unit_bytes(e.size));
     e.flags = unit_entry::head;
   }
 
@@ -941,7 +1093,7 @@ struct allocator_core::impl {
     e.pending = 0;
     e.requested = static_cast<std::uint32_t>(bytes);
     if (s.t_alloc) s.t_alloc[u] = traced ? now_ns() : 0;
-    count_allocation(true, unit_bytes(units), bytes);
+    count_allocation(c, true, unit_bytes(units), bytes);
   }
 
   block_ref small_take_free(stream_cache& c, unsigned units, std::size_t bytes)
@@ -959,7 +1111,7 @@ struct allocator_core::impl {
   void small_release(stream_cache& c, small_segment& s, unsigned u)
   {
     unit_entry* e = &s.units[u];
-    active_bytes.sub(true, unit_bytes(e->size));
+    sub(c, q_active, true, unit_bytes(e->size));
     if ((e->flags & unit_entry::has_uses) != 0) c.small_uses.erase(address_of(s, u));
     if (e->prev != 0) {
       const unsigned p = u - e->prev;
@@ -988,8 +1140,9 @@ struct allocator_core::impl {
   {
     small_unindex(c, s, 0);
     c.remove_small(&s);
-    reserved_bytes.sub(true, k_small_segment);
-    num_segments.sub(true, 1);
+    sub(c, q_reserved, true, k_small_segment);
+    sub(c, q_num_segments, true, 1);
+    drop_stats(c);  // the upstream call below may block
     record(event_of(trace_kind::segment_free, s.addr, k_small_segment, 0, c.stream));
     up->deallocate(reinterpret_cast<void*>(s.addr), k_small_segment);
     small_table.release(s);
@@ -1069,6 +1222,7 @@ struct allocator_core::impl {
         up->destroy_event(e);
         const int left = r.large != nullptr ? --r.large->pending : --r.seg->units[r.unit].pending;
         if (left == 0) release(c, r);
+        drop_stats(c);  // the next event call may block
       } else {
         *keep++ = *it;
       }
@@ -1081,7 +1235,7 @@ struct allocator_core::impl {
   {
     std::shared_lock r{registry_mu};
     for (auto& c : caches) {
-      std::lock_guard g{c->mu};
+      cache_lock g{figures.mu, *c};
       process_events(*c, wait);
       release_free_segments(*c);
     }
@@ -1098,6 +1252,10 @@ struct allocator_core::impl {
       std::unique_lock og{other->mu, std::defer_lock};
       std::unique_lock cg{c.mu, std::defer_lock};
       if (std::try_lock(og, cg) != -1) continue;
+      og.release();
+      cg.release();
+      const cache_lock other_lock{figures.mu, *other, std::adopt_lock};
+      const cache_lock own_lock{figures.mu, c, std::adopt_lock};
       // The segment's last frees were ordered on the other stream, which its owner may
       // have destroyed since (a raw handle cannot tell): order by finishing the device's
       // work instead. This is the miss path, in place of an upstream allocation.
@@ -1107,6 +1265,7 @@ struct allocator_core::impl {
           c.reserve_small();  // the move below cannot fail
           if (async) up->synchronize_device();
           small_unindex(*other, *s, 0);
+          drop_stats(*other);  // one cache at a time holds the figures
           other->remove_small(s);
           c.add_small(s);
           small_hand_out(c, *s, 0, static_cast<unsigned>(size >> k_unit_shift), bytes);
@@ -1122,6 +1281,7 @@ struct allocator_core::impl {
         }
         if (async) up->synchronize_device();
         unindex(*other, b);
+        drop_stats(*other);  // one cache at a time holds the figures
         unlink_segment(*other, s);
         link_segment(c, s);
         hand_out(c, b, size, bytes);
@@ -1185,7 +1345,7 @@ struct allocator_core::impl {
   // Upstream memory for a new segment, or nullptr when the limit or the upstream refuses.
   void* grow(std::size_t seg_bytes)
   {
-    const auto reserved = static_cast<std::size_t>(reserved_bytes.current(0) + reserved_bytes.current(1));
+    const auto reserved = static_cast<std::size_t>(figures.total(q_reserved));
     if (limit != k_unlimited && reserved + seg_bytes > limit) return nullptr;
     try {
       return up->allocate(seg_bytes);
@@ -1206,7 +1366,7 @@ struct allocator_core::impl {
   {
     std::lock_guard grow_guard{grow_mu};
     {
-      std::lock_guard g{c.mu};  // another thread may have freed meanwhile
+      cache_lock g{figures.mu, c};  // another thread may have freed meanwhile
       if (block_ref b = take(c, size, small, bytes); b.found()) return b;
     }
     if (block_ref b = steal(c, size, small, bytes); b.found()) return b;
@@ -1214,7 +1374,7 @@ struct allocator_core::impl {
     std::size_t seg_bytes = segment_size(size, small);
     if (cfg.garbage_collection_threshold > 0.0) {
       const double cap = static_cast<double>(limit != k_unlimited ? limit : up->memory().total_bytes);
-      if (static_cast<double>(reserved_bytes.current(0) + reserved_bytes.current(1) +
+      if (static_cast<double>(figures.total(q_reserved) +
                               static_cast<std::int64_t>(seg_bytes)) >
           cfg.garbage_collection_threshold * cap) {
         flush_all(false);
@@ -1229,7 +1389,7 @@ struct allocator_core::impl {
       retries.fetch_add(1);
       flush_all(true);
       {
-        std::lock_guard g{c.mu};
+        cache_lock g{figures.mu, c};
         if (block_ref b = take(c, size, small, bytes); b.found()) return b;
       }
       if (block_ref b = steal(c, size, small, bytes); b.found()) return b;
@@ -1237,7 +1397,7 @@ struct allocator_core::impl {
     }
     if (p == nullptr) {
       const bool capped = limit != k_unlimited &&
-                          static_cast<std::size_t>(reserved_bytes.current(0) + reserved_bytes.current(1)) +
+                          static_cast<std::size_t>(figures.total(q_reserved)) +
                                   seg_bytes > limit;
       throw_oom(bytes, size, s,
                 capped ? "the per-process limit is reached"
@@ -1245,7 +1405,7 @@ struct allocator_core::impl {
                              " failed after releasing the cache");
     }
     const auto addr = reinterpret_cast<std::uintptr_t>(p);
-    std::lock_guard g{c.mu};
+    cache_lock g{figures.mu, c};
     block_ref out;
     try {
       if (dense(size)) {
@@ -1276,10 +1436,9 @@ struct allocator_core::impl {
       up->deallocate(p, seg_bytes);
       throw;
     }
-    reserved_bytes.add(small, seg_bytes);
-    num_segments.add(small, 1);
-    cached_peak.raise_from(reserved_bytes, allocated_bytes, small);
     record(event_of(trace_kind::segment_allocate, addr, seg_bytes, 0, c.stream));
+    add(c, q_reserved, small, seg_bytes);
+    add(c, q_num_segments, small, 1);
     if (out.seg != nullptr) {
       small_hand_out(c, *out.seg, 0, static_cast<unsigned>(size >> k_unit_shift), bytes);
     } else {
@@ -1308,13 +1467,13 @@ struct allocator_core::impl {
   // Finds a live block and locks the cache that holds it: first the cache of `hint` (the
   // stream named by the caller, or the calling thread's last one), then every other cache.
   // Throws depot::invalid_argument, changing nothing, when no cache holds it.
-  std::pair<block_ref, std::unique_lock<std::mutex>> lookup(void* ptr, stream_cache* hint, bool erase)
+  std::pair<block_ref, cache_lock> lookup(void* ptr, stream_cache* hint, bool erase)
   {
     const auto p = reinterpret_cast<std::uintptr_t>(ptr);
-    auto try_cache = [&](stream_cache& c) -> std::pair<block_ref, std::unique_lock<std::mutex>> {
-      std::unique_lock g{c.mu};
+    auto try_cache = [&](stream_cache& c) -> std::pair<block_ref, cache_lock> {
+      cache_lock g{figures.mu, c};
       block_ref b = find_live(c, p, erase);
-      if (!b.found()) return {b, std::unique_lock<std::mutex>{}};
+      if (!b.found()) return {b, cache_lock{}};
       return {b, std::move(g)};
     };
     if (hint != nullptr) {
@@ -1351,25 +1510,25 @@ struct allocator_core::impl {
   memory_stats stats_locked() const
   {
     memory_stats s;
-    s.allocated_bytes = allocated_bytes.load();
-    s.requested_bytes = requested_bytes.load();
-    s.reserved_bytes = reserved_bytes.load();
+    s.allocated_bytes = figures.load(q_allocated);
+    s.requested_bytes = figures.load(q_requested);
+    s.reserved_bytes = figures.load(q_reserved);
     for (auto [dst, p] : {std::pair{&s.cached_bytes.large, 0}, std::pair{&s.cached_bytes.small, 1}}) {
       const stat& r = p == 0 ? s.reserved_bytes.large : s.reserved_bytes.small;
       const stat& a = p == 0 ? s.allocated_bytes.large : s.allocated_bytes.small;
       // Bytes enter the cache when blocks are freed or segments added, leave when blocks
       // are handed out or segments released.
-      *dst = stat{r.current - a.current, cached_peak.pool[static_cast<std::size_t>(p)].load(),
+      *dst = stat{r.current - a.current, figures.cached_peak_of(p),
                   a.freed + r.allocated, a.allocated + r.freed};
     }
     s.cached_bytes.all = stat{s.cached_bytes.large.current + s.cached_bytes.small.current,
-                              cached_peak.all.load(),
+                              figures.cached_peak_of(2),
                               s.cached_bytes.large.allocated + s.cached_bytes.small.allocated,
                               s.cached_bytes.large.freed + s.cached_bytes.small.freed};
-    s.active_bytes = active_bytes.load();
-    s.inactive_split_bytes = inactive_split_bytes.load();
-    s.num_allocations = num_allocations.load();
-    s.num_segments = num_segments.load();
+    s.active_bytes = figures.load(q_active);
+    s.inactive_split_bytes = figures.load(q_inactive_split);
+    s.num_allocations = figures.load(q_num_allocations);
+    s.num_segments = figures.load(q_num_segments);
     s.num_cache_hits = -hits_base;
     for (const auto& c : caches) s.num_cache_hits += c->hits;
     s.num_cache_misses = misses.load();
@@ -1390,22 +1549,20 @@ struct allocator_core::impl {
     return s;
   }
 
-  // Applies f to every statistic with every cache locked (so no operation is half-counted).
-  template <class F>
-  void each_stat(F f, bool restart_hits = false)
+  // Restarts the peaks, and with `totals` the totals too, with every cache locked (so no
+  // operation is half-counted).
+  void reset_stats(bool totals)
   {
     std::shared_lock r{registry_mu};
     std::vector<std::unique_lock<std::mutex>> locks;
     lock_all(locks);
-    if (restart_hits) {
+    if (totals) {
       hits_base = 0;
       for (auto& c : caches) hits_base += c->hits;
+      figures.reset_totals();
+    } else {
+      figures.reset_peaks();
     }
-    for (auto* a : {&allocated_bytes, &requested_bytes, &reserved_bytes, &active_bytes,
-                    &inactive_split_bytes, &num_allocations, &num_segments}) {
-      f(*a);
-    }
-    cached_peak.reset(reserved_bytes, allocated_bytes);
   }
 
   memory_stats stats() const
@@ -1442,7 +1599,7 @@ void* allocator_core::allocate(std::size_t bytes, native_stream stream)
   stream_cache& c = m.cache_for(stream);
   block_ref b;
   {
-    std::lock_guard g{c.mu};
+    const cache_lock g{m.figures.mu, c};
     if (!c.pending.empty()) m.process_events(c, false);
     b = m.take(c, size, small, bytes);
     if (b.found()) ++c.hits;
@@ -1480,10 +1637,12 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
                            " bytes): the allocation was " + std::to_string(requested) +
                            " bytes; nothing was changed");
   }
-  m.allocated_bytes.sub(small, size);
-  m.requested_bytes.sub(small, requested);
-  m.num_allocations.sub(small, 1);
-  m.cached_peak.raise_from(m.reserved_bytes, m.allocated_bytes, small);
+  // Counted as freed just before the block changes state (the figures' lock is taken
+  // there, after the calls above and below that may block or allocate).
+  auto count_free = [&] {
+    m.hold_stats(c);
+    m.figures.deallocation(small, size, requested);
+  };
   if (m.tracing.load(std::memory_order_relaxed)) {
     trace_event e = m.event_of(trace_kind::free, addr, size, requested, c.stream);
     const std::uint64_t t = dense ? (b.seg->t_alloc ? b.seg->t_alloc[b.unit] : 0) : b.large->t_alloc;
@@ -1532,9 +1691,11 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
         b.large->pending = static_cast<int>(events.size());
       }
       for (native_event e : events) c.pending.emplace_back(e, b);
+      count_free();
       return;
     }
   }
+  count_free();
   m.release(c, b);
 }
 
@@ -1627,12 +1788,12 @@ void allocator_core::empty_cache() { impl_->flush_all(false); }
 
 void allocator_core::reset_peak_stats()
 {
-  impl_->each_stat([](lean_stat& s) { s.reset_peak(); });
+  impl_->reset_stats(false);
 }
 
 void allocator_core::reset_memory_stats()
 {
-  impl_->each_stat([](lean_stat& s) { s.reset_totals(); }, true);
+  impl_->reset_stats(true);
   impl_->misses.store(0);
   impl_->retries.store(0);
   impl_->ooms.store(0);
