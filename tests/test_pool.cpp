@@ -742,6 +742,71 @@ TEST_CASE_TEMPLATE("pool: four threads at once", D, DEPOT_TEST_DEVICES)
   check_invariants(a);
 }
 
+TEST_CASE_TEMPLATE("pool: four threads on one stream, and a reader of the statistics", D,
+                   DEPOT_TEST_DEVICES)
+{
+  // One stream cache shared by four threads (its lock contended, so waiters spin and sleep)
+  // while a fifth reads the statistics and snapshots (every cache lock) all along.
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  depot::stream<D> s;
+  std::atomic<int> errors{0};
+  std::atomic<int> inconsistent{0};
+  std::atomic<bool> done{false};
+  const auto seed = depot::test::seed("pool one stream", 4);
+  std::thread reader([&] {
+    while (!done.load()) {
+      const depot::memory_stats st = a.stats();
+      for (const depot::stat_array* x : {&st.allocated_bytes, &st.reserved_bytes, &st.active_bytes,
+                                         &st.num_allocations, &st.inactive_split_bytes}) {
+        if (x->all.current != x->large.current + x->small.current || x->all.peak < x->all.current ||
+            x->large.peak < x->large.current || x->small.peak < x->small.current ||
+            x->all.freed != x->all.allocated - x->all.current) {
+          ++inconsistent;
+        }
+      }
+      if (st.cached_bytes.all.current != st.reserved_bytes.all.current - st.allocated_bytes.all.current ||
+          st.active_bytes.all.current < st.allocated_bytes.all.current) {
+        ++inconsistent;
+      }
+      (void)a.snapshot();
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng{seed + static_cast<unsigned>(t)};
+      std::vector<std::pair<void*, std::size_t>> mine;
+      for (int i = 0; i < 2000; ++i) {
+        if (mine.empty() || rng() % 2 == 0) {
+          const std::size_t n = 1 + rng() % (rng() % 8 == 0 ? 2 * MiB : 32 * 1024);
+          void* p = a.allocate(n, s);
+          const auto mark = static_cast<unsigned char>(t + 1);
+          depot::runtime<D>::copy(p, &mark, 1);
+          mine.emplace_back(p, n);
+        } else {
+          const auto k = rng() % mine.size();
+          unsigned char probe = 0;
+          depot::runtime<D>::copy(&probe, mine[k].first, 1);
+          if (probe != t + 1) ++errors;
+          a.deallocate(mine[k].first, s);
+          mine.erase(mine.begin() + static_cast<long>(k));
+        }
+      }
+      for (auto& [p, n] : mine) a.deallocate(p, s);
+    });
+  }
+  for (auto& th : threads) th.join();
+  done.store(true);
+  reader.join();
+  CHECK(errors.load() == 0);
+  CHECK(inconsistent.load() == 0);
+  const depot::memory_stats st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.num_allocations.all.allocated == st.num_allocations.all.freed);
+  CHECK(st.allocated_bytes.all.peak > 0);
+  check_invariants(a);
+}
+
 TEST_CASE_TEMPLATE("pool: snapshot, trace and summary", D, DEPOT_TEST_DEVICES)
 {
   depot::caching_allocator<D> a{0, quiet_config<D>()};
