@@ -544,14 +544,31 @@ class cache_mutex {
   std::atomic<int> state_{0};
 };
 
-// The allocator's figures, shared by its stream caches. Written under `mu` (taken by an
-// operation at its first change and given back with its cache lock, so an operation costs
-// one atomic read-modify-write however many figures it changes) with plain loads and stores
-// of relaxed atomics, so readers that need no exact figure (growth limits) may read without
+// What an operation changes in the shared figures, gathered in its stream cache (under the
+// cache's lock) and applied under the figures' lock as the cache lock is given back: that
+// lock is held only for the apply, never across the operation's own cache misses, so
+// threads on different streams barely meet. Figures are exact at operation boundaries (a
+// peak is the highest value an operation left).
+struct stat_delta {
+  enum class kind : std::uint8_t { none, allocation, deallocation };
+  kind op = kind::none;  // the allocation or free this operation made, if any
+  bool op_small = false;
+  std::size_t op_size = 0;
+  std::size_t op_bytes = 0;
+  // Other changes, per pool and quantity: added and removed.
+  std::array<std::array<std::int64_t, q_count>, 2> plus{};
+  std::array<std::array<std::int64_t, q_count>, 2> minus{};
+  std::uint32_t touched = 0;  // bit p * 8 + q: plus/minus[p][q] changed
+};
+static_assert(q_count <= 8);
+
+// The allocator's figures, shared by its stream caches. Written under `mu` (taken once per
+// operation to apply what it changed, see stat_delta) with plain loads and stores of
+// relaxed atomics, so readers that need no exact figure (growth limits) may read without
 // a lock; stats() reads under every cache lock, so its figures agree with a snapshot. Per
 // pool and quantity: current, added (since the last reset of totals), peak; freed = added -
 // (current - base), base being current at that reset. "all" figures are the pools' sums;
-// their peaks, and those of cached = reserved - allocated, are raised at every increase.
+// their peaks, and those of cached = reserved - allocated, are raised after every operation.
 struct shared_stats {
   struct cell {
     std::atomic<std::int64_t> current{0};
@@ -590,25 +607,6 @@ struct shared_stats {
     raise(cached_peak[0], large);
     raise(cached_peak[1], small);
     raise(cached_peak[2], large + small);
-  }
-
-  // Caller holds mu.
-  void add(quantity q, bool is_small, std::size_t bytes) noexcept
-  {
-    const auto n = static_cast<std::int64_t>(bytes);
-    cell& c = cells[is_small ? 1 : 0][q];
-    const std::int64_t now = get(c.current) + n;
-    set(c.current, now);
-    set(c.added, get(c.added) + n);
-    raise(c.peak, now);
-    raise(all_peak[q], now + get(cells[is_small ? 0 : 1][q].current));
-    if (q == q_reserved) raise_cached();
-  }
-  void sub(quantity q, bool is_small, std::size_t bytes) noexcept
-  {
-    cell& c = cells[is_small ? 1 : 0][q];
-    set(c.current, get(c.current) - static_cast<std::int64_t>(bytes));
-    if (q == q_allocated) raise_cached();
   }
 
   // A block of `size` handed out for `bytes` (caller holds mu): the four figures an
@@ -661,6 +659,39 @@ struct shared_stats {
     return get(cached_peak[static_cast<std::size_t>(p)]);
   }
 
+  // Applies and clears a stream cache's delta (caller holds that cache's lock).
+  void apply(stat_delta& d) noexcept
+  {
+    if (d.op == stat_delta::kind::none && d.touched == 0) return;
+    std::lock_guard g{mu};
+    constexpr std::uint32_t reserved_bits = 1U << q_reserved | 1U << (8 + q_reserved);
+    const bool reserved_changed = (d.touched & reserved_bits) != 0;
+    for (std::uint32_t t = d.touched; t != 0; t &= t - 1) {
+      const auto i = static_cast<unsigned>(std::countr_zero(t));
+      const unsigned p = i >> 3;
+      const auto q = static_cast<quantity>(i & 7);
+      cell& c = cells[p][q];
+      const std::int64_t plus = d.plus[p][q];
+      const std::int64_t now = get(c.current) + plus - d.minus[p][q];
+      set(c.current, now);
+      if (plus != 0) {
+        set(c.added, get(c.added) + plus);
+        raise(c.peak, now);
+        raise(all_peak[q], now + get(cells[1 - p][q].current));
+      }
+      d.plus[p][q] = 0;
+      d.minus[p][q] = 0;
+    }
+    d.touched = 0;
+    if (d.op == stat_delta::kind::allocation) {
+      allocation(d.op_small, d.op_size, d.op_bytes);
+    } else if (d.op == stat_delta::kind::deallocation) {
+      deallocation(d.op_small, d.op_size, d.op_bytes);
+    }
+    d.op = stat_delta::kind::none;
+    if (reserved_changed) raise_cached();
+  }
+
   // Peaks restart from the current figures (caller holds every cache lock).
   void reset_peaks() noexcept
   {
@@ -705,7 +736,7 @@ struct stream_cache {
   pointer_table live;         // the large blocks of this cache that are handed out, by address
   std::unordered_map<std::uintptr_t, std::vector<native_stream>> small_uses;  // record_stream
   std::int64_t hits = 0;      // allocations served from this cache without growing
-  bool stats_held = false;    // the operation under way holds the shared figures' lock
+  stat_delta delta;           // statistics changed by the operation under way
 
   // The first small segment above address p.
   [[nodiscard]] auto small_after(std::uintptr_t p) const noexcept
@@ -736,14 +767,14 @@ struct stream_cache {
   }
 };
 
-// A stream cache's lock (movable, may be empty). Giving it back first gives back the
-// shared figures' lock if the operation took it, so a reader that takes the cache lock
-// never sees an operation half-counted.
+// A stream cache's lock (movable, may be empty). Giving it back first applies the
+// statistics the operation logged, so a reader that takes the cache lock never sees an
+// operation half-counted.
 class cache_lock {
  public:
   cache_lock() = default;
-  cache_lock(spin_lock& s, stream_cache& c) : stats_{&s}, cache_{&c} { c.mu.lock(); }
-  cache_lock(spin_lock& s, stream_cache& c, std::adopt_lock_t) noexcept : stats_{&s}, cache_{&c} {}
+  cache_lock(shared_stats& s, stream_cache& c) : stats_{&s}, cache_{&c} { c.mu.lock(); }
+  cache_lock(shared_stats& s, stream_cache& c, std::adopt_lock_t) noexcept : stats_{&s}, cache_{&c} {}
   cache_lock(cache_lock&& o) noexcept : stats_{o.stats_}, cache_{std::exchange(o.cache_, nullptr)} {}
   cache_lock(const cache_lock&) = delete;
   cache_lock& operator=(const cache_lock&) = delete;
@@ -751,15 +782,12 @@ class cache_lock {
   ~cache_lock()
   {
     if (cache_ == nullptr) return;
-    if (cache_->stats_held) {
-      cache_->stats_held = false;
-      stats_->unlock();
-    }
+    stats_->apply(cache_->delta);
     cache_->mu.unlock();
   }
 
  private:
-  spin_lock* stats_ = nullptr;
+  shared_stats* stats_ = nullptr;
   stream_cache* cache_ = nullptr;
 };
 
@@ -825,31 +853,30 @@ struct allocator_core::impl {
 
   shared_stats figures;
 
-  // The shared figures, changed by an operation on `c` (caller holds c.mu): the figures'
-  // lock is taken at the first change and given back with c.mu, or by drop_stats() before
-  // anything that may block or touches another cache.
-  void add(stream_cache& c, quantity q, bool small, std::size_t n) noexcept
+  // Changes to the shared figures by an operation on `c` (caller holds c.mu): gathered in
+  // c.delta, applied when c.mu is given back (or by flush_stats() to read them at once).
+  static void add(stream_cache& c, quantity q, bool small, std::size_t n) noexcept
   {
-    hold_stats(c);
-    figures.add(q, small, n);
+    const unsigned p = small ? 1 : 0;
+    c.delta.plus[p][q] += static_cast<std::int64_t>(n);
+    c.delta.touched |= 1U << (p * 8 + q);
   }
-  void sub(stream_cache& c, quantity q, bool small, std::size_t n) noexcept
+  static void sub(stream_cache& c, quantity q, bool small, std::size_t n) noexcept
   {
-    hold_stats(c);
-    figures.sub(q, small, n);
+    const unsigned p = small ? 1 : 0;
+    c.delta.minus[p][q] += static_cast<std::int64_t>(n);
+    c.delta.touched |= 1U << (p * 8 + q);
   }
-  void hold_stats(stream_cache& c) noexcept
+  // The allocation or free of this operation (one per operation; a second applies the first).
+  void count_op(stream_cache& c, stat_delta::kind k, bool small, std::size_t size, std::size_t bytes) noexcept
   {
-    if (c.stats_held) return;
-    figures.mu.lock();
-    c.stats_held = true;
+    if (c.delta.op != stat_delta::kind::none) figures.apply(c.delta);
+    c.delta.op = k;
+    c.delta.op_small = small;
+    c.delta.op_size = size;
+    c.delta.op_bytes = bytes;
   }
-  void drop_stats(stream_cache& c) noexcept
-  {
-    if (!c.stats_held) return;
-    c.stats_held = false;
-    figures.mu.unlock();
-  }
+  void flush_stats(stream_cache& c) noexcept { figures.apply(c.delta); }
   std::atomic<std::int64_t> misses{0}, retries{0}, ooms{0};
   std::int64_t hits_base = 0;  // hits before the last reset_memory_stats (under all locks)
 
@@ -989,8 +1016,7 @@ struct allocator_core::impl {
 
   void count_allocation(stream_cache& c, bool small, std::size_t size, std::size_t bytes) noexcept
   {
-    hold_stats(c);
-    figures.allocation(small, size, bytes);
+    count_op(c, stat_delta::kind::allocation, small, size, bytes);
   }
 
   // Hands out `b` (not indexed) for a request of `bytes` (caller holds c.mu).
@@ -1013,10 +1039,11 @@ struct allocator_core::impl {
     return b;
   }
 
-  // Whether the cached bytes exceed release_threshold.
-  bool over_release_threshold() const noexcept
+  // Whether the cached bytes exceed release_threshold (caller holds c.mu).
+  bool over_release_threshold(stream_cache& c) noexcept
   {
     if (cfg.release_threshold == k_unlimited) return false;
+    flush_stats(c);  // the figures as this operation left them
     return static_cast<std::size_t>(figures.total(q_reserved) - figures.total(q_allocated)) >
            cfg.release_threshold;
   }
@@ -1043,7 +1070,7 @@ struct allocator_core::impl {
       c.spare.push_back(n);
     }
     index(c, b);
-    if (releasable(*b->seg) && over_release_threshold()) release_segment(c, b->seg);
+    if (releasable(*b->seg) && over_release_threshold(c)) release_segment(c, b->seg);
   }
 
   void link_segment(stream_cache& c, segment* s) noexcept
@@ -1074,7 +1101,6 @@ struct allocator_core::impl {
     unlink_segment(c, s);
     sub(c, q_reserved, s->small, s->size);
     sub(c, q_num_segments, s->small, 1);
-    drop_stats(c);  // the upstream call below may block
     record(event_of(trace_kind::segment_free, s->addr, s->size, 0, c.stream));
     up->deallocate(reinterpret_cast<void*>(s->addr), s->size);
     c.spare.push_back(b);
@@ -1174,7 +1200,7 @@ struct allocator_core::impl {
     }
     if (const unsigned after = u + e->size; after < k_seg_units) s.units[after].prev = e->size;
     small_index(c, s, u);
-    if (releasable(s) && over_release_threshold()) release_small_segment(c, s);
+    if (releasable(s) && over_release_threshold(c)) release_small_segment(c, s);
   }
 
   // Returns a whole free small segment to the upstream (caller holds c.mu).
@@ -1184,7 +1210,6 @@ struct allocator_core::impl {
     c.remove_small(&s);
     sub(c, q_reserved, true, k_small_segment);
     sub(c, q_num_segments, true, 1);
-    drop_stats(c);  // the upstream call below may block
     record(event_of(trace_kind::segment_free, s.addr, k_small_segment, 0, c.stream));
     up->deallocate(reinterpret_cast<void*>(s.addr), k_small_segment);
     small_table.release(s);
@@ -1264,7 +1289,6 @@ struct allocator_core::impl {
         up->destroy_event(e);
         const int left = r.large != nullptr ? --r.large->pending : --r.seg->units[r.unit].pending;
         if (left == 0) release(c, r);
-        drop_stats(c);  // the next event call may block
       } else {
         *keep++ = *it;
       }
@@ -1277,7 +1301,7 @@ struct allocator_core::impl {
   {
     std::shared_lock r{registry_mu};
     for (auto& c : caches) {
-      cache_lock g{figures.mu, *c};
+      cache_lock g{figures, *c};
       process_events(*c, wait);
       release_free_segments(*c);
     }
@@ -1296,8 +1320,8 @@ struct allocator_core::impl {
       if (std::try_lock(og, cg) != -1) continue;
       og.release();
       cg.release();
-      const cache_lock other_lock{figures.mu, *other, std::adopt_lock};
-      const cache_lock own_lock{figures.mu, c, std::adopt_lock};
+      const cache_lock other_lock{figures, *other, std::adopt_lock};
+      const cache_lock own_lock{figures, c, std::adopt_lock};
       // The segment's last frees were ordered on the other stream, which its owner may
       // have destroyed since (a raw handle cannot tell): order by finishing the device's
       // work instead. This is the miss path, in place of an upstream allocation.
@@ -1307,7 +1331,6 @@ struct allocator_core::impl {
           c.reserve_small();  // the move below cannot fail
           if (async) up->synchronize_device();
           small_unindex(*other, *s, 0);
-          drop_stats(*other);  // one cache at a time holds the figures
           other->remove_small(s);
           c.add_small(s);
           small_hand_out(c, *s, 0, static_cast<unsigned>(size >> k_unit_shift), bytes);
@@ -1323,7 +1346,6 @@ struct allocator_core::impl {
         }
         if (async) up->synchronize_device();
         unindex(*other, b);
-        drop_stats(*other);  // one cache at a time holds the figures
         unlink_segment(*other, s);
         link_segment(c, s);
         hand_out(c, b, size, bytes);
@@ -1408,7 +1430,7 @@ struct allocator_core::impl {
   {
     std::lock_guard grow_guard{grow_mu};
     {
-      cache_lock g{figures.mu, c};  // another thread may have freed meanwhile
+      cache_lock g{figures, c};  // another thread may have freed meanwhile
       if (block_ref b = take(c, size, small, bytes); b.found()) return b;
     }
     if (block_ref b = steal(c, size, small, bytes); b.found()) return b;
@@ -1431,7 +1453,7 @@ struct allocator_core::impl {
       retries.fetch_add(1);
       flush_all(true);
       {
-        cache_lock g{figures.mu, c};
+        cache_lock g{figures, c};
         if (block_ref b = take(c, size, small, bytes); b.found()) return b;
       }
       if (block_ref b = steal(c, size, small, bytes); b.found()) return b;
@@ -1447,7 +1469,7 @@ struct allocator_core::impl {
                              " failed after releasing the cache");
     }
     const auto addr = reinterpret_cast<std::uintptr_t>(p);
-    cache_lock g{figures.mu, c};
+    cache_lock g{figures, c};
     block_ref out;
     try {
       if (dense(size)) {
@@ -1513,7 +1535,7 @@ struct allocator_core::impl {
   {
     const auto p = reinterpret_cast<std::uintptr_t>(ptr);
     auto try_cache = [&](stream_cache& c) -> std::pair<block_ref, cache_lock> {
-      cache_lock g{figures.mu, c};
+      cache_lock g{figures, c};
       block_ref b = find_live(c, p, erase);
       if (!b.found()) return {b, cache_lock{}};
       return {b, std::move(g)};
@@ -1641,7 +1663,7 @@ void* allocator_core::allocate(std::size_t bytes, native_stream stream)
   stream_cache& c = m.cache_for(stream);
   block_ref b;
   {
-    const cache_lock g{m.figures.mu, c};
+    const cache_lock g{m.figures, c};
     if (!c.pending.empty()) m.process_events(c, false);
     b = m.take(c, size, small, bytes);
     if (b.found()) ++c.hits;
@@ -1682,8 +1704,7 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
   // Counted as freed just before the block changes state (the figures' lock is taken
   // there, after the calls above and below that may block or allocate).
   auto count_free = [&] {
-    m.hold_stats(c);
-    m.figures.deallocation(small, size, requested);
+    m.count_op(c, stat_delta::kind::deallocation, small, size, requested);
   };
   if (m.tracing.load(std::memory_order_relaxed)) {
     trace_event e = m.event_of(trace_kind::free, addr, size, requested, c.stream);
