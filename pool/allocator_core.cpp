@@ -556,9 +556,9 @@ struct stat_delta {
   std::size_t op_size = 0;
   std::size_t op_bytes = 0;
   // Other changes, per pool and quantity: added and removed.
-  std::array<std::array<std::int64_t, q_count>, 2> plus{};
-  std::array<std::array<std::int64_t, q_count>, 2> minus{};
-  std::uint32_t touched = 0;  // bit p * 8 + q: plus/minus[p][q] changed
+  std::array<std::int64_t, 16> plus{};  // [pool * 8 + quantity]
+  std::array<std::int64_t, 16> minus{};
+  std::uint32_t touched = 0;  // bit i: plus/minus[i] changed
 };
 static_assert(q_count <= 8);
 
@@ -576,7 +576,8 @@ struct shared_stats {
     std::atomic<std::int64_t> peak{0};
   };
   spin_lock mu;
-  std::array<std::array<cell, q_count>, 2> cells;  // [pool][quantity]: a pool's figures together
+  // [pool * 8 + quantity]: a pool's figures together, the other pool's at index ^ 8.
+  std::array<cell, 16> cells;
   std::array<std::atomic<std::int64_t>, q_count> all_peak{};
   std::array<std::atomic<std::int64_t>, 3> cached_peak{};  // large, small, all
   std::array<std::array<std::int64_t, q_count>, 2> base{};
@@ -589,18 +590,18 @@ struct shared_stats {
   {
     a.store(v, std::memory_order_relaxed);
   }
-  static void raise(std::atomic<std::int64_t>& peak, std::int64_t value) noexcept
+  [[gnu::always_inline]] static void raise(std::atomic<std::int64_t>& peak, std::int64_t value) noexcept
   {
     if (value > get(peak)) set(peak, value);
   }
 
   [[nodiscard]] std::int64_t current(quantity q, int p) const noexcept
   {
-    return get(cells[static_cast<std::size_t>(p)][q].current);
+    return get(cells[static_cast<std::size_t>(p) * 8 + q].current);
   }
   [[nodiscard]] std::int64_t total(quantity q) const noexcept { return current(q, 0) + current(q, 1); }
 
-  void raise_cached() noexcept
+  [[gnu::always_inline]] void raise_cached() noexcept
   {
     const std::int64_t large = current(q_reserved, 0) - current(q_allocated, 0);
     const std::int64_t small = current(q_reserved, 1) - current(q_allocated, 1);
@@ -613,25 +614,26 @@ struct shared_stats {
   // allocation changes, in one pass over the pool's row.
   void allocation(bool is_small, std::size_t size, std::size_t bytes) noexcept
   {
-    auto& row = cells[is_small ? 1 : 0];
-    const auto& other = cells[is_small ? 0 : 1];
-    const auto step = [&](quantity q, std::int64_t n) {
-      cell& c = row[q];
-      const std::int64_t now = get(c.current) + n;
-      set(c.current, now);
-      set(c.added, get(c.added) + n);
-      raise(c.peak, now);
-      raise(all_peak[q], now + get(other[q].current));
-    };
-    step(q_allocated, static_cast<std::int64_t>(size));
-    step(q_requested, static_cast<std::int64_t>(bytes));
-    step(q_active, static_cast<std::int64_t>(size));
-    step(q_num_allocations, 1);
+    const unsigned row = is_small ? 8 : 0;
+    increase(row + q_allocated, static_cast<std::int64_t>(size));
+    increase(row + q_requested, static_cast<std::int64_t>(bytes));
+    increase(row + q_active, static_cast<std::int64_t>(size));
+    increase(row + q_num_allocations, 1);
+  }
+  // Cell i grows by n > 0: current, added and both peaks (caller holds mu).
+  [[gnu::always_inline]] void increase(unsigned i, std::int64_t n) noexcept
+  {
+    cell& c = cells[i];
+    const std::int64_t now = get(c.current) + n;
+    set(c.current, now);
+    set(c.added, get(c.added) + n);
+    raise(c.peak, now);
+    raise(all_peak[i & 7], now + get(cells[i ^ 8].current));
   }
   // The figures a free changes at once (active stays until the block is back in the cache).
   void deallocation(bool is_small, std::size_t size, std::size_t bytes) noexcept
   {
-    auto& row = cells[is_small ? 1 : 0];
+    cell* row = &cells[is_small ? 8 : 0];
     set(row[q_allocated].current, get(row[q_allocated].current) - static_cast<std::int64_t>(size));
     set(row[q_requested].current, get(row[q_requested].current) - static_cast<std::int64_t>(bytes));
     set(row[q_num_allocations].current, get(row[q_num_allocations].current) - 1);
@@ -640,7 +642,7 @@ struct shared_stats {
 
   [[nodiscard]] stat load_cell(quantity q, int p) const noexcept
   {
-    const cell& c = cells[static_cast<std::size_t>(p)][q];
+    const cell& c = cells[static_cast<std::size_t>(p) * 8 + q];
     const std::int64_t cur = get(c.current);
     const std::int64_t added = get(c.added);
     return stat{cur, get(c.peak), added, added - (cur - base[static_cast<std::size_t>(p)][q])};
@@ -668,19 +670,17 @@ struct shared_stats {
     const bool reserved_changed = (d.touched & reserved_bits) != 0;
     for (std::uint32_t t = d.touched; t != 0; t &= t - 1) {
       const auto i = static_cast<unsigned>(std::countr_zero(t));
-      const unsigned p = i >> 3;
-      const auto q = static_cast<quantity>(i & 7);
-      cell& c = cells[p][q];
-      const std::int64_t plus = d.plus[p][q];
-      const std::int64_t now = get(c.current) + plus - d.minus[p][q];
+      cell& c = cells[i];
+      const std::int64_t plus = d.plus[i];
+      const std::int64_t now = get(c.current) + plus - d.minus[i];
       set(c.current, now);
       if (plus != 0) {
         set(c.added, get(c.added) + plus);
         raise(c.peak, now);
-        raise(all_peak[q], now + get(cells[1 - p][q].current));
+        raise(all_peak[i & 7], now + get(cells[i ^ 8].current));
       }
-      d.plus[p][q] = 0;
-      d.minus[p][q] = 0;
+      d.plus[i] = 0;
+      d.minus[i] = 0;
     }
     d.touched = 0;
     if (d.op == stat_delta::kind::allocation) {
@@ -695,9 +695,7 @@ struct shared_stats {
   // Peaks restart from the current figures (caller holds every cache lock).
   void reset_peaks() noexcept
   {
-    for (auto& pool : cells) {
-      for (cell& c : pool) set(c.peak, get(c.current));
-    }
+    for (cell& c : cells) set(c.peak, get(c.current));
     for (unsigned q = 0; q < q_count; ++q) set(all_peak[q], total(static_cast<quantity>(q)));
     for (auto& p : cached_peak) set(p, std::numeric_limits<std::int64_t>::min());
     raise_cached();
@@ -707,8 +705,8 @@ struct shared_stats {
   {
     for (std::size_t p = 0; p < 2; ++p) {
       for (unsigned q = 0; q < q_count; ++q) {
-        set(cells[p][q].added, 0);
-        base[p][q] = get(cells[p][q].current);
+        set(cells[p * 8 + q].added, 0);
+        base[p][q] = get(cells[p * 8 + q].current);
       }
     }
     reset_peaks();
@@ -864,15 +862,15 @@ struct allocator_core::impl {
   // c.delta, applied when c.mu is given back (or by flush_stats() to read them at once).
   static void add(stream_cache& c, quantity q, bool small, std::size_t n) noexcept
   {
-    const unsigned p = small ? 1 : 0;
-    c.delta.plus[p][q] += static_cast<std::int64_t>(n);
-    c.delta.touched |= 1U << (p * 8 + q);
+    const unsigned i = (small ? 8U : 0U) + q;
+    c.delta.plus[i] += static_cast<std::int64_t>(n);
+    c.delta.touched |= 1U << i;
   }
   static void sub(stream_cache& c, quantity q, bool small, std::size_t n) noexcept
   {
-    const unsigned p = small ? 1 : 0;
-    c.delta.minus[p][q] += static_cast<std::int64_t>(n);
-    c.delta.touched |= 1U << (p * 8 + q);
+    const unsigned i = (small ? 8U : 0U) + q;
+    c.delta.minus[i] += static_cast<std::int64_t>(n);
+    c.delta.touched |= 1U << i;
   }
   // The allocation or free of this operation (one per operation; a second applies the first).
   void count_op(stream_cache& c, stat_delta::kind k, bool small, std::size_t size, std::size_t bytes) noexcept
