@@ -39,5 +39,27 @@ for bad in "--device tpu" "--size 0" "--repetitions 0" "--size lots" "nosuchsuit
   word=${bad#--}; word=${word%% *}
   check grep -qi -- "$word" "$tmp/err"
 done
+# tools/alloc-ab: two copies of this build (the build directory and a copy of its
+# libdepot.so), then bad input.
+ab="$(dirname "$0")/../tools/alloc-ab"
+libdir="$(dirname "$bench")/.."
+mkdir "$tmp/copy" && cp "$libdir/libdepot.so" "$tmp/copy/"
+"$ab" --rounds 2 --bench "$bench" "$libdir" "$tmp/copy" -- --alloc-n 2000 --alloc-max 4KiB \
+  > "$tmp/ab" 2>&1
+check test $? -eq 0
+check grep -q "best µs per allocate+free pair" "$tmp/ab"
+check python3 -c "import re; t=open('$tmp/ab').read().split('== every run')[0]; \
+rows=[l.split() for l in t.splitlines() if re.match(r'^2000 4 KiB', l)]; assert len(rows)==1, t; \
+assert len(rows[0])==5 and all(float(x)>0 for x in rows[0][3:]), rows"
+check test "$(grep -c '^ *2000 ' "$tmp/ab")" -eq 5  # 1 summary row + 2 rounds x 2 builds
+if "$ab" --rounds 1 --bench "$bench" "$tmp" > "$tmp/err" 2>&1; then
+  echo "FAILED: alloc-ab accepted a directory without libdepot.so"; fail=1
+fi
+check grep -q "libdepot.so not found" "$tmp/err"
+if "$ab" --bench "$bench" > "$tmp/err" 2>&1; then
+  echo "FAILED: alloc-ab ran with no build named"; fail=1
+fi
+check grep -q "at least one directory" "$tmp/err"
+
 [ $fail -eq 0 ] && echo "bench-cli: all checks passed"
 exit $fail
