@@ -570,14 +570,13 @@ static_assert(q_count <= 8);
 // (current - base), base being current at that reset. "all" figures are the pools' sums;
 // their peaks, and those of cached = reserved - allocated, are raised after every operation.
 struct shared_stats {
-  struct cell {
-    std::atomic<std::int64_t> current{0};
-    std::atomic<std::int64_t> added{0};
-    std::atomic<std::int64_t> peak{0};
-  };
-  spin_lock mu;
-  // [pool * 8 + quantity]: a pool's figures together, the other pool's at index ^ 8.
-  std::array<cell, 16> cells;
+  // Each array is [pool * 8 + quantity], the other pool's figure at index ^ 8; the lock and
+  // the current figures share the first two cache lines, so an operation on another core
+  // pulls in few lines: those two, a pool's added and peak figures, the "all" peaks.
+  alignas(64) spin_lock mu;
+  std::array<std::atomic<std::int64_t>, 16> value{};  // current figures
+  std::array<std::atomic<std::int64_t>, 16> added{};
+  std::array<std::atomic<std::int64_t>, 16> peak{};
   std::array<std::atomic<std::int64_t>, q_count> all_peak{};
   std::array<std::atomic<std::int64_t>, 3> cached_peak{};  // large, small, all
   std::array<std::array<std::int64_t, q_count>, 2> base{};
@@ -590,14 +589,14 @@ struct shared_stats {
   {
     a.store(v, std::memory_order_relaxed);
   }
-  [[gnu::always_inline]] static void raise(std::atomic<std::int64_t>& peak, std::int64_t value) noexcept
+  [[gnu::always_inline]] static void raise(std::atomic<std::int64_t>& high, std::int64_t v) noexcept
   {
-    if (value > get(peak)) set(peak, value);
+    if (v > get(high)) set(high, v);
   }
 
   [[nodiscard]] std::int64_t current(quantity q, int p) const noexcept
   {
-    return get(cells[static_cast<std::size_t>(p) * 8 + q].current);
+    return get(value[static_cast<std::size_t>(p) * 8 + q]);
   }
   [[nodiscard]] std::int64_t total(quantity q) const noexcept { return current(q, 0) + current(q, 1); }
 
@@ -623,29 +622,28 @@ struct shared_stats {
   // Cell i grows by n > 0: current, added and both peaks (caller holds mu).
   [[gnu::always_inline]] void increase(unsigned i, std::int64_t n) noexcept
   {
-    cell& c = cells[i];
-    const std::int64_t now = get(c.current) + n;
-    set(c.current, now);
-    set(c.added, get(c.added) + n);
-    raise(c.peak, now);
-    raise(all_peak[i & 7], now + get(cells[i ^ 8].current));
+    const std::int64_t now = get(value[i]) + n;
+    set(value[i], now);
+    set(added[i], get(added[i]) + n);
+    raise(peak[i], now);
+    raise(all_peak[i & 7], now + get(value[i ^ 8]));
   }
   // The figures a free changes at once (active stays until the block is back in the cache).
   void deallocation(bool is_small, std::size_t size, std::size_t bytes) noexcept
   {
-    cell* row = &cells[is_small ? 8 : 0];
-    set(row[q_allocated].current, get(row[q_allocated].current) - static_cast<std::int64_t>(size));
-    set(row[q_requested].current, get(row[q_requested].current) - static_cast<std::int64_t>(bytes));
-    set(row[q_num_allocations].current, get(row[q_num_allocations].current) - 1);
+    std::atomic<std::int64_t>* row = &value[is_small ? 8 : 0];
+    set(row[q_allocated], get(row[q_allocated]) - static_cast<std::int64_t>(size));
+    set(row[q_requested], get(row[q_requested]) - static_cast<std::int64_t>(bytes));
+    set(row[q_num_allocations], get(row[q_num_allocations]) - 1);
     raise_cached();
   }
 
   [[nodiscard]] stat load_cell(quantity q, int p) const noexcept
   {
-    const cell& c = cells[static_cast<std::size_t>(p) * 8 + q];
-    const std::int64_t cur = get(c.current);
-    const std::int64_t added = get(c.added);
-    return stat{cur, get(c.peak), added, added - (cur - base[static_cast<std::size_t>(p)][q])};
+    const std::size_t i = static_cast<std::size_t>(p) * 8 + q;
+    const std::int64_t cur = get(value[i]);
+    const std::int64_t in = get(added[i]);
+    return stat{cur, get(peak[i]), in, in - (cur - base[static_cast<std::size_t>(p)][q])};
   }
   [[nodiscard]] stat_array load(quantity q) const noexcept
   {
@@ -670,14 +668,13 @@ struct shared_stats {
     const bool reserved_changed = (d.touched & reserved_bits) != 0;
     for (std::uint32_t t = d.touched; t != 0; t &= t - 1) {
       const auto i = static_cast<unsigned>(std::countr_zero(t));
-      cell& c = cells[i];
       const std::int64_t plus = d.plus[i];
-      const std::int64_t now = get(c.current) + plus - d.minus[i];
-      set(c.current, now);
+      const std::int64_t now = get(value[i]) + plus - d.minus[i];
+      set(value[i], now);
       if (plus != 0) {
-        set(c.added, get(c.added) + plus);
-        raise(c.peak, now);
-        raise(all_peak[i & 7], now + get(cells[i ^ 8].current));
+        set(added[i], get(added[i]) + plus);
+        raise(peak[i], now);
+        raise(all_peak[i & 7], now + get(value[i ^ 8]));
       }
       d.plus[i] = 0;
       d.minus[i] = 0;
@@ -695,7 +692,7 @@ struct shared_stats {
   // Peaks restart from the current figures (caller holds every cache lock).
   void reset_peaks() noexcept
   {
-    for (cell& c : cells) set(c.peak, get(c.current));
+    for (std::size_t i = 0; i < value.size(); ++i) set(peak[i], get(value[i]));
     for (unsigned q = 0; q < q_count; ++q) set(all_peak[q], total(static_cast<quantity>(q)));
     for (auto& p : cached_peak) set(p, std::numeric_limits<std::int64_t>::min());
     raise_cached();
@@ -705,8 +702,8 @@ struct shared_stats {
   {
     for (std::size_t p = 0; p < 2; ++p) {
       for (unsigned q = 0; q < q_count; ++q) {
-        set(cells[p * 8 + q].added, 0);
-        base[p][q] = get(cells[p * 8 + q].current);
+        set(added[p * 8 + q], 0);
+        base[p][q] = get(value[p * 8 + q]);
       }
     }
     reset_peaks();
