@@ -662,6 +662,132 @@ TEST_CASE_TEMPLATE("pool: a block used on another stream waits for it before reu
   check_invariants(a);
 }
 
+// Host memory whose events complete only when the test says so: the paths a GPU backend
+// takes for frees that wait on other streams (pending blocks, events processed at the next
+// allocation, waits when memory runs out), exercised on the CPU in every build.
+class manual_event_upstream final : public depot::upstream_resource {
+ public:
+  struct state {
+    std::set<std::uintptr_t> open;  // events recorded and not yet complete
+    std::uintptr_t next = 0;
+    int recorded = 0;
+    int waits = 0;
+    int syncs = 0;
+    bool fail_events = false;
+  };
+  explicit manual_event_upstream(std::shared_ptr<state> s) : s_{std::move(s)} {}
+  void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
+  void deallocate(void* p, std::size_t bytes) noexcept override { inner_.deallocate(p, bytes); }
+  depot::memory_info memory() override { return inner_.memory(); }
+  depot::device_id device() const noexcept override { return inner_.device(); }
+  depot::native_event record_event(depot::native_stream) override
+  {
+    if (s_->fail_events) throw depot::error("test: event refused", "record_event", __FILE__, __LINE__, 1, "test");
+    ++s_->recorded;
+    s_->open.insert(++s_->next);
+    return reinterpret_cast<depot::native_event>(s_->next);
+  }
+  bool event_done(depot::native_event e) override { return s_->open.count(id(e)) == 0; }
+  void wait_event(depot::native_event e) override
+  {
+    ++s_->waits;
+    s_->open.erase(id(e));
+  }
+  void stream_wait(depot::native_stream, depot::native_event) override {}
+  void destroy_event(depot::native_event e) noexcept override { s_->open.erase(id(e)); }
+  void synchronize_device() override
+  {
+    ++s_->syncs;
+    s_->open.clear();
+  }
+
+ private:
+  static std::uintptr_t id(depot::native_event e) { return reinterpret_cast<std::uintptr_t>(e); }
+  depot::device_upstream<depot::host> inner_{0};
+  std::shared_ptr<state> s_;
+};
+
+TEST_CASE("pool: frees that wait for other streams' events (an asynchronous backend on the CPU)")
+{
+  std::size_t n = 8 * MiB;
+  SUBCASE("large pool") {}
+  SUBCASE("dense small segment") { n = 4 * KiB; }
+  SUBCASE("linked small segment") { n = 256 * KiB; }
+  CAPTURE(n);
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev),
+                                  quiet_config<depot::host>(), /*asynchronous=*/true};
+  const auto s1 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000});
+  const auto s2 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x2000});
+  const auto n64 = static_cast<std::int64_t>(n);
+  auto pending_blocks = [&] {
+    int k = 0;
+    for (const auto& seg : a.snapshot().segments) {
+      for (const auto& b : seg.blocks) k += b.state == depot::block_state::pending_free ? 1 : 0;
+    }
+    return k;
+  };
+
+  // record_stream: x was used on s2, so its free on s1 waits for an event on s2.
+  void* x = a.allocate(n, s1);
+  std::memset(x, 7, n);
+  a.record_stream(x, s2);
+  a.deallocate(x, s1, true, 0);
+  CHECK(ev->recorded == 1);
+  depot::memory_stats st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 0);     // freed by the caller ...
+  CHECK(st.active_bytes.all.current == n64);      // ... but still in use on s2
+  CHECK(st.num_allocations.all.freed == 1);
+  CHECK(pending_blocks() == 1);
+  check_invariants(st, a.snapshot());
+  void* y = a.allocate(n, s1);
+  CHECK(y != x);  // not handed out while s2's event is open
+  CHECK(pending_blocks() == 1);
+  check_invariants(a.stats(), a.snapshot());
+
+  // The event completes: the next allocation on s1 returns x's block to the cache.
+  ev->open.clear();
+  void* z = a.allocate(n, s1);
+  CHECK(pending_blocks() == 0);
+  st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 2 * n64);
+  CHECK(st.active_bytes.all.current == 2 * n64);
+  CHECK(st.active_bytes.all.peak == 2 * n64);  // x's release and z's allocation were one operation
+  check_invariants(st, a.snapshot());
+
+  // A free ordered on another stream waits for that stream too.
+  a.deallocate(z, s2, true, 0);
+  CHECK(ev->recorded == 2);
+  CHECK(pending_blocks() == 1);
+  check_invariants(a.stats(), a.snapshot());
+  // empty_cache does not wait: the pending block and its segment stay.
+  a.empty_cache();
+  CHECK(pending_blocks() == 1);
+  check_invariants(a.stats(), a.snapshot());
+
+  // A stream that refuses events: the free is ordered by finishing the device's work.
+  ev->fail_events = true;
+  void* w = a.allocate(n, s1);
+  a.record_stream(w, s2);
+  const int syncs = ev->syncs;
+  a.deallocate(w, s1, true, 0);
+  CHECK(ev->syncs == syncs + 1);
+  CHECK(pending_blocks() == 1);  // z's block only: w went straight back to the cache
+  ev->fail_events = false;
+  check_invariants(a.stats(), a.snapshot());
+
+  a.deallocate(y, s1, true, 0);
+  ev->open.clear();
+  a.empty_cache();  // events complete now: z's block is processed, every segment released
+  CHECK(pending_blocks() == 0);
+  st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.active_bytes.all.current == 0);
+  CHECK(st.reserved_bytes.all.current == 0);
+  CHECK(st.num_allocations.all.allocated == st.num_allocations.all.freed);
+  check_invariants(st, a.snapshot());
+}
+
 TEST_CASE_TEMPLATE("pool: streams that come and go do not strand memory", D, DEPOT_TEST_DEVICES)
 {
   depot::caching_allocator<D> a{0, quiet_config<D>()};
