@@ -666,6 +666,7 @@ struct shared_stats {
     std::lock_guard g{mu};
     constexpr std::uint32_t reserved_bits = 1U << q_reserved | 1U << (8 + q_reserved);
     const bool reserved_changed = (d.touched & reserved_bits) != 0;
+    std::uint32_t grown = 0;  // quantities that grew in a pool
     for (std::uint32_t t = d.touched; t != 0; t &= t - 1) {
       const auto i = static_cast<unsigned>(std::countr_zero(t));
       const std::int64_t plus = d.plus[i];
@@ -674,12 +675,17 @@ struct shared_stats {
       if (plus != 0) {
         set(added[i], get(added[i]) + plus);
         raise(peak[i], now);
-        raise(all_peak[i & 7], now + get(value[i ^ 8]));
+        grown |= 1U << (i & 7);
       }
       d.plus[i] = 0;
       d.minus[i] = 0;
     }
     d.touched = 0;
+    // "all" peaks once both pools hold their new figures (an operation may change both).
+    for (std::uint32_t g = grown; g != 0; g &= g - 1) {
+      const auto q = static_cast<unsigned>(std::countr_zero(g));
+      raise(all_peak[q], get(value[q]) + get(value[q + 8]));
+    }
     if (d.op == stat_delta::kind::allocation) {
       allocation(d.op_small, d.op_size, d.op_bytes);
     } else if (d.op == stat_delta::kind::deallocation) {

@@ -158,6 +158,31 @@ void check_invariants(const depot::caching_allocator<D>& a)
   check_invariants(a.stats(), a.snapshot());
 }
 
+// Every peak (all, large, small, for every statistic) equals the highest value its figure
+// showed after any operation so far: figures change at operation boundaries, exactly.
+// Call after each operation of a single-threaded test on an allocator with fresh peaks.
+struct peak_tracker {
+  std::map<std::string, std::int64_t> high;
+  void check(const depot::memory_stats& st)
+  {
+    const std::pair<const char*, const depot::stat_array*> arrays[] = {
+        {"allocated", &st.allocated_bytes}, {"requested", &st.requested_bytes},
+        {"reserved", &st.reserved_bytes},   {"cached", &st.cached_bytes},
+        {"active", &st.active_bytes},       {"inactive_split", &st.inactive_split_bytes},
+        {"num_allocations", &st.num_allocations}, {"num_segments", &st.num_segments}};
+    for (const auto& [name, a] : arrays) {
+      for (const auto& [pool, x] : {std::pair{".all", &a->all}, std::pair{".large", &a->large},
+                                    std::pair{".small", &a->small}}) {
+        const std::string key = std::string{name} + pool;
+        std::int64_t& h = high[key];
+        h = std::max(h, x->current);
+        INFO(key, " current ", x->current);
+        REQUIRE(x->peak == h);
+      }
+    }
+  }
+};
+
 template <depot::device D>
 depot::allocator_config quiet_config()
 {
@@ -286,6 +311,7 @@ TEST_CASE_TEMPLATE("pool: statistics fuzz, 10 000 operations, invariants after e
   depot::stream<D> s;
   std::map<void*, std::pair<std::size_t, unsigned char>> live;
   std::int64_t expect_peak = 0;
+  peak_tracker peaks;
   for (int op = 0; op < 10000; ++op) {
     const auto r = rng() % 100;
     if (r < 2) {
@@ -306,6 +332,7 @@ TEST_CASE_TEMPLATE("pool: statistics fuzz, 10 000 operations, invariants after e
     const auto st = a.stats();
     expect_peak = std::max(expect_peak, st.allocated_bytes.all.current);
     REQUIRE(st.allocated_bytes.all.peak == expect_peak);
+    peaks.check(st);
     REQUIRE(st.allocated_bytes.all.allocated - st.allocated_bytes.all.freed ==
             st.allocated_bytes.all.current);
     check_invariants(st, a.snapshot());
@@ -786,6 +813,53 @@ TEST_CASE("pool: frees that wait for other streams' events (an asynchronous back
   CHECK(st.reserved_bytes.all.current == 0);
   CHECK(st.num_allocations.all.allocated == st.num_allocations.all.freed);
   check_invariants(st, a.snapshot());
+}
+
+TEST_CASE("pool: one operation that changes both pools counts its peaks once (asynchronous backend)")
+{
+  // An allocation that first returns a pending large block to the cache (the large pool's
+  // inactive split bytes grow) and then takes a split small block (the small pool's
+  // shrink): the "all" peak is the sum after the operation, not a mix of before and after.
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev),
+                                  quiet_config<depot::host>(), /*asynchronous=*/true};
+  const auto s1 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000});
+  const auto s2 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x2000});
+  peak_tracker peaks;
+  auto step = [&] {
+    const depot::memory_stats st = a.stats();
+    check_invariants(st, a.snapshot());
+    peaks.check(st);
+    return st;
+  };
+  void* l1 = a.allocate(8 * MiB, s1);
+  step();
+  void* l2 = a.allocate(8 * MiB, s1);  // same 20 MiB segment: l1 freed alone is a split block
+  step();
+  void* d1 = a.allocate(4 * KiB, s1);
+  step();
+  void* d2 = a.allocate(4 * KiB, s1);
+  step();
+  a.deallocate(d1, s1, true, 0);  // a 4 KiB split free block in the small pool
+  depot::memory_stats st = step();
+  const std::int64_t small_split = st.inactive_split_bytes.small.current;
+  CHECK(small_split > 0);
+  a.record_stream(l1, s2);
+  a.deallocate(l1, s1, true, 0);  // pending on s2
+  step();
+  ev->open.clear();
+  void* d3 = a.allocate(4 * KiB, s1);  // releases l1 (large split +8 MiB), takes d1's block
+  CHECK(d3 == d1);
+  st = step();
+  CHECK(st.inactive_split_bytes.small.current == small_split - static_cast<std::int64_t>(4 * KiB));
+  CHECK(st.inactive_split_bytes.all.peak == st.inactive_split_bytes.all.current);
+  for (void* p : {l2, d2, d3}) {
+    a.deallocate(p, s1, true, 0);
+    step();
+  }
+  a.empty_cache();
+  st = step();
+  CHECK(st.reserved_bytes.all.current == 0);
 }
 
 TEST_CASE_TEMPLATE("pool: streams that come and go do not strand memory", D, DEPOT_TEST_DEVICES)
