@@ -45,14 +45,20 @@ struct allocator_under_test {
   std::function<void()> reset;  // between configurations (release cached memory)
 };
 
-// One run of the workload; returns seconds.
+// One run of the workload; returns seconds. Allocations go to the streams in turn; a block
+// is freed on the stream it was allocated on.
 double run_workload(const allocator_under_test& a, std::size_t n, std::size_t max_size,
-                    std::size_t cap, unsigned seed, native_stream stream)
+                    std::size_t cap, unsigned seed, const std::vector<native_stream>& streams)
 {
   std::default_random_engine rng{seed};
   std::uniform_int_distribution<std::size_t> size_dist{1, max_size};
   std::uniform_int_distribution<int> percent{0, 99};
-  std::vector<std::pair<void*, std::size_t>> live;
+  struct live_block {
+    void* p;
+    std::size_t size;
+    native_stream stream;
+  };
+  std::vector<live_block> live;
   live.reserve(n);
   std::size_t made = 0;
   std::size_t live_bytes = 0;
@@ -61,13 +67,14 @@ double run_workload(const allocator_under_test& a, std::size_t n, std::size_t ma
     const std::size_t size = size_dist(rng);
     const bool want_alloc = made < n && (live.empty() || percent(rng) < 73);
     if (want_alloc && live_bytes + size <= cap) {
-      live.emplace_back(a.allocate(size, stream), size);
+      const native_stream stream = streams[made % streams.size()];
+      live.push_back({a.allocate(size, stream), size, stream});
       live_bytes += size;
       ++made;
     } else if (!live.empty()) {
       const std::size_t k = std::uniform_int_distribution<std::size_t>{0, live.size() - 1}(rng);
-      a.deallocate(live[k].first, stream);
-      live_bytes -= live[k].second;
+      a.deallocate(live[k].p, live[k].stream);
+      live_bytes -= live[k].size;
       live[k] = live.back();
       live.pop_back();
     } else {
@@ -120,10 +127,11 @@ template <device D>
 void alloc_device(const options& opts, int device, nlohmann::json& rows)
 {
   const std::size_t cap = opts.live_cap;
-  std::printf("\n%s:%d  random_allocations, seed %u, live bytes capped at %s, %d thread(s); "
-              "us per allocate+free pair (median of %d warm runs), ratio = allocator / depot\n",
+  std::printf("\n%s:%d  random_allocations, seed %u, live bytes capped at %s, %d thread(s), "
+              "%d stream(s) each; us per allocate+free pair (median of %d warm runs), ratio = "
+              "allocator / depot\n",
               std::string{D::name}.c_str(), device, opts.seed, std::to_string(cap >> 20).append(" MiB").c_str(),
-              opts.threads, opts.alloc_reps);
+              opts.threads, opts.alloc_streams, opts.alloc_reps);
   std::printf("  %8s %9s", "N", "max");
   std::unique_ptr<caching_allocator<D>> depot_pool;
   auto allocators = allocators_for<D>(device, cap, depot_pool, opts.trace_out.empty() ? 0 : std::size_t{1} << 20);
@@ -154,7 +162,8 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
         std::vector<double> runs;
         for (int rep = 0; rep <= opts.alloc_reps; ++rep) {
           const auto t0 = std::chrono::steady_clock::now();
-          (void)run_workload(*ap, n, max_size, cap, opts.seed, nullptr);
+          (void)run_workload(*ap, n, max_size, cap, opts.seed,
+                             std::vector<native_stream>(static_cast<std::size_t>(opts.alloc_streams)));
           if (rep > 0) runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
         floor_us = median(runs) * 1e6 / static_cast<double>(n);
@@ -168,11 +177,14 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
           const auto t0 = std::chrono::steady_clock::now();
           for (int t = 0; t < opts.threads; ++t) {
             threads.emplace_back([&, t] {
-              stream<D> s{device};
+              std::vector<stream<D>> own;
+              own.reserve(static_cast<std::size_t>(opts.alloc_streams));
+              std::vector<native_stream> handles;
+              for (int k = 0; k < opts.alloc_streams; ++k) handles.push_back(own.emplace_back(device).native());
               (void)run_workload(a, n / static_cast<std::size_t>(opts.threads), max_size,
                                  cap / static_cast<std::size_t>(opts.threads),
-                                 opts.seed + static_cast<unsigned>(t), s.native());
-              s.synchronize();
+                                 opts.seed + static_cast<unsigned>(t), handles);
+              for (auto& s : own) s.synchronize();
             });
           }
           for (auto& th : threads) th.join();
@@ -188,6 +200,7 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
                         {"n", n},
                         {"max_size", max_size},
                         {"threads", opts.threads},
+                        {"streams", opts.alloc_streams},
                         {"us_per_pair", us},
                         {"workload_us_per_pair", floor_us},
                         {"runs", opts.alloc_reps},

@@ -23,6 +23,7 @@ struct options {
                                            std::size_t{1} << 20, std::size_t{64} << 20};
   std::size_t live_cap = std::size_t{1} << 30;
   int threads = 1;
+  int alloc_streams = 1;  // alloc: streams each thread alternates between (round robin)
   int alloc_reps = 3;  // timed runs after one warm-up; the median is reported
   unsigned seed = 1;
   std::vector<std::string> alloc_only;  // allocator names to run (empty: all)

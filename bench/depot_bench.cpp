@@ -95,6 +95,11 @@ int main(int argc, char** argv)
   app.add_option("--threads", opts.threads, "alloc: threads, each on its own stream")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
+  app.add_option("--alloc-streams", opts.alloc_streams,
+                 "alloc: streams per thread, allocations alternating between them (frees on the "
+                 "block's own stream)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_option("--seed", opts.seed, "alloc: random seed")->capture_default_str();
   app.add_option("--alloc-reps", opts.alloc_reps, "alloc: timed runs after a warm-up (median reported)")
       ->check(CLI::Range(1, 100))
@@ -167,6 +172,7 @@ int main(int argc, char** argv)
                           {"repetitions", opts.repetitions},
                           {"warmup", opts.warmup},
                           {"threads", opts.threads},
+                          {"alloc_streams", opts.alloc_streams},
                           {"seed", opts.seed}}},
                         {"suites", nlohmann::json::array()}};
   try {

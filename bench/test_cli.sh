@@ -24,6 +24,14 @@ g=[x for x in rows if x['device']!='host:0']; assert not g or {'depot'} <= {x['a
 "$bench" info --device host --size 1MiB --repetitions 2 > "$tmp/out" 2>&1
 check test $? -eq 0
 
+"$bench" alloc --device host --alloc-n 2000 --alloc-max 64KiB --alloc-streams 3 --alloc-reps 1 \
+  --json "$tmp/a.json" > "$tmp/out" 2>&1
+check test $? -eq 0
+check grep -q "3 stream(s) each" "$tmp/out"
+check python3 -c "import json; r=json.load(open('$tmp/a.json')); rows=r['suites'][0]['rows']; \
+assert rows and all(x['streams']==3 and x['us_per_pair']>0 for x in rows), rows; \
+assert r['options']['alloc_streams']==3"
+
 "$bench" staging --device host --staging-sizes 64KiB --staging-sizes 1MiB --staging-steps 4 \
   --staging-reps 1 --repetitions 2 --json "$tmp/s.json" > "$tmp/out" 2>&1
 check test $? -eq 0
@@ -31,7 +39,7 @@ check python3 -c "import json; s=json.load(open('$tmp/s.json'))['suites'][0]; as
 rows=s['rows']; assert [r['bytes'] for r in rows]==[65536, 1048576], rows; \
 assert all(len(r['loops'])==6 and all(l['ms']>0 and l['efficiency']>0 for l in r['loops']) for r in rows), rows"
 
-for bad in "--device tpu" "--size 0" "--repetitions 0" "--size lots" "nosuchsuite" "--threads 0" "--alloc-n 0" "--staging-sizes 1" "--compute-us -1" "--staging-steps 1" "--staging-workers 0"; do
+for bad in "--device tpu" "--size 0" "--repetitions 0" "--size lots" "nosuchsuite" "--threads 0" "--alloc-streams 0" "--alloc-n 0" "--staging-sizes 1" "--compute-us -1" "--staging-steps 1" "--staging-workers 0"; do
   # shellcheck disable=SC2086
   if "$bench" $bad > "$tmp/err" 2>&1; then
     echo "FAILED: depot-bench $bad was accepted"; fail=1

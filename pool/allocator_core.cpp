@@ -801,15 +801,23 @@ class cache_lock {
 
 std::atomic<std::uint64_t> next_allocator_id{1};
 
-struct thread_cache_entry {
-  std::uint64_t owner = 0;
-  native_stream stream = nullptr;
-  stream_cache* cache = nullptr;
+// The stream caches a thread used last (a thread often alternates between a few streams,
+// e.g. compute and copies): found without the registry's lock. An entry is valid for the
+// allocator whose id it holds (ids are never reused; caches live as long as their allocator).
+struct thread_caches {
+  struct entry {
+    std::uint64_t owner = 0;
+    native_stream stream = nullptr;
+    stream_cache* cache = nullptr;
+  };
+  std::array<entry, 4> entries{};
+  unsigned last = 0;    // the entry used last
+  unsigned victim = 0;  // the next entry a miss replaces
 };
 // initial-exec: a fixed offset from the thread pointer, where the default model for a shared
-// library calls __tls_get_addr on every allocation and free (24 bytes of the static TLS that
-// glibc keeps spare for libraries loaded later).
-[[gnu::tls_model("initial-exec")]] thread_local thread_cache_entry tl_cache;
+// library calls __tls_get_addr on every allocation and free (~100 bytes of the static TLS
+// that glibc keeps spare for libraries loaded later).
+[[gnu::tls_model("initial-exec")]] thread_local thread_caches tl_caches;
 
 }  // namespace
 
@@ -910,14 +918,22 @@ struct allocator_core::impl {
 
   stream_cache& cache_for(native_stream s)
   {
-    const thread_cache_entry& t = tl_cache;
+    const thread_caches::entry& t = tl_caches.entries[tl_caches.last];
     if (t.owner == id && t.stream == s) return *t.cache;
     return find_cache(s);
   }
 
-  // cache_for() when the thread's last stream was another: the registry, or a new cache.
+  // cache_for() when the thread's last stream was another: its other recent streams, then
+  // the registry (or a new cache), remembered in place of the oldest entry.
   [[gnu::noinline]] stream_cache& find_cache(native_stream s)
   {
+    thread_caches& tc = tl_caches;
+    for (unsigned k = 0; k < tc.entries.size(); ++k) {
+      if (tc.entries[k].owner == id && tc.entries[k].stream == s) {
+        tc.last = k;
+        return *tc.entries[k].cache;
+      }
+    }
     stream_cache* c = nullptr;
     {
       std::shared_lock r{registry_mu};
@@ -932,7 +948,9 @@ struct allocator_core::impl {
       }
       c = it->second;
     }
-    tl_cache = thread_cache_entry{id, s, c};
+    tc.last = tc.victim;
+    tc.victim = (tc.victim + 1) % static_cast<unsigned>(tc.entries.size());
+    tc.entries[tc.last] = thread_caches::entry{id, s, c};
     return *c;
   }
 
@@ -1581,7 +1599,7 @@ struct allocator_core::impl {
   stream_cache* hint_for(native_stream s, bool stream_given)
   {
     if (stream_given) return &cache_for(s);
-    const thread_cache_entry& t = tl_cache;
+    const thread_caches::entry& t = tl_caches.entries[tl_caches.last];
     return t.owner == id ? t.cache : nullptr;
   }
 

@@ -862,6 +862,33 @@ TEST_CASE("pool: one operation that changes both pools counts its peaks once (as
   CHECK(st.reserved_bytes.all.current == 0);
 }
 
+TEST_CASE_TEMPLATE("pool: a thread alternating among more streams than it remembers", D,
+                   DEPOT_TEST_DEVICES)
+{
+  // The thread keeps its last four streams' caches; six in turn make it fall back to the
+  // registry every time: each block must still come from its own stream's cache.
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  std::vector<depot::stream<D>> streams(6);
+  std::vector<std::pair<void*, std::size_t>> blocks;  // pointer, stream index
+  for (std::size_t i = 0; i < 60; ++i) {
+    const std::size_t k = i % (i < 30 ? 6 : 3);  // then three streams: all remembered
+    blocks.emplace_back(a.allocate(1 + (i * 977) % (32 * KiB), streams[k]), k);
+  }
+  const depot::allocator_snapshot snap = a.snapshot();
+  for (const auto& [p, k] : blocks) {
+    const auto addr = reinterpret_cast<std::uintptr_t>(p);
+    const auto seg = std::find_if(snap.segments.begin(), snap.segments.end(), [&](const auto& sg) {
+      return addr >= sg.address && addr < sg.address + sg.size;
+    });
+    REQUIRE(seg != snap.segments.end());
+    CHECK(seg->stream == reinterpret_cast<std::uintptr_t>(streams[k].native()));
+  }
+  check_invariants(a);
+  for (const auto& [p, k] : blocks) a.deallocate(p, streams[k]);
+  CHECK(a.stats().allocated_bytes.all.current == 0);
+  check_invariants(a);
+}
+
 TEST_CASE_TEMPLATE("pool: streams that come and go do not strand memory", D, DEPOT_TEST_DEVICES)
 {
   depot::caching_allocator<D> a{0, quiet_config<D>()};
