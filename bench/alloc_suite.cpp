@@ -160,10 +160,10 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
       double floor_us = 0;
       for (const auto* ap : std::vector<const allocator_under_test*>{&floor}) {
         std::vector<double> runs;
+        const std::vector<native_stream> no_streams(static_cast<std::size_t>(opts.alloc_streams));
         for (int rep = 0; rep <= opts.alloc_reps; ++rep) {
           const auto t0 = std::chrono::steady_clock::now();
-          (void)run_workload(*ap, n, max_size, cap, opts.seed,
-                             std::vector<native_stream>(static_cast<std::size_t>(opts.alloc_streams)));
+          (void)run_workload(*ap, n, max_size, cap, opts.seed, no_streams);
           if (rep > 0) runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
         floor_us = median(runs) * 1e6 / static_cast<double>(n);

@@ -1344,11 +1344,7 @@ struct allocator_core::impl {
     std::shared_lock r{registry_mu};
     for (auto& other : caches) {
       if (other.get() == &c) continue;
-      std::unique_lock og{other->mu, std::defer_lock};
-      std::unique_lock cg{c.mu, std::defer_lock};
-      if (std::try_lock(og, cg) != -1) continue;
-      og.release();
-      cg.release();
+      if (std::try_lock(other->mu, c.mu) != -1) continue;
       const cache_lock other_lock{figures, *other, std::adopt_lock};
       const cache_lock own_lock{figures, c, std::adopt_lock};
       // The segment's last frees were ordered on the other stream, which its owner may
@@ -1563,24 +1559,23 @@ struct allocator_core::impl {
   std::pair<block_ref, cache_lock> lookup(void* ptr, stream_cache* hint, bool erase)
   {
     if (hint != nullptr) {
-      cache_lock g{figures, *hint};
-      if (block_ref b = find_live(*hint, reinterpret_cast<std::uintptr_t>(ptr), erase); b.found()) {
-        return {b, std::move(g)};
-      }
+      if (auto found = lookup_in(*hint, ptr, erase); found.first.found()) return found;
     }
     return lookup_elsewhere(ptr, hint, erase);
+  }
+
+  // The live block at ptr in cache c, locked; or nothing, with c unlocked again.
+  std::pair<block_ref, cache_lock> lookup_in(stream_cache& c, void* ptr, bool erase)
+  {
+    cache_lock g{figures, c};
+    const block_ref b = find_live(c, reinterpret_cast<std::uintptr_t>(ptr), erase);
+    if (!b.found()) return {b, cache_lock{}};
+    return {b, std::move(g)};
   }
 
   // lookup() past the hinted cache: every other cache, or the error.
   [[gnu::noinline]] std::pair<block_ref, cache_lock> lookup_elsewhere(void* ptr, stream_cache* hint, bool erase)
   {
-    const auto p = reinterpret_cast<std::uintptr_t>(ptr);
-    auto try_cache = [&](stream_cache& c) -> std::pair<block_ref, cache_lock> {
-      cache_lock g{figures, c};
-      block_ref b = find_live(c, p, erase);
-      if (!b.found()) return {b, cache_lock{}};
-      return {b, std::move(g)};
-    };
     std::vector<stream_cache*> all;
     {
       std::shared_lock r{registry_mu};
@@ -1589,9 +1584,10 @@ struct allocator_core::impl {
     }
     for (stream_cache* c : all) {
       if (c == hint) continue;
-      if (auto found = try_cache(*c); found.first.found()) return found;
+      if (auto found = lookup_in(*c, ptr, erase); found.first.found()) return found;
     }
-    throw invalid_argument("depot: " + dev.to_string() + " caching allocator: pointer " + hex(p) +
+    throw invalid_argument("depot: " + dev.to_string() + " caching allocator: pointer " +
+                           hex(reinterpret_cast<std::uintptr_t>(ptr)) +
                            " is not a live allocation of this allocator (a double free, or "
                            "memory from elsewhere); nothing was changed");
   }
