@@ -128,12 +128,17 @@ allocator_config allocator_config::parse(std::string_view text)
       const auto v = parse_unsigned(key, value, range);
       if (v > (1ULL << 26)) bad(key, value, range);
       c.trace_capacity = static_cast<std::size_t>(v);
+    } else if (key == "stats_batch") {
+      constexpr std::string_view range = "a size in [0, 1TiB], e.g. 16MiB";
+      const auto v = parse_bytes(key, value, range);
+      if (v > (std::size_t{1} << 40)) bad(key, value, range);
+      c.stats_batch = v;
     } else {
       throw invalid_argument(
           "depot: DEPOT_ALLOC_CONF: unknown key '" + std::string{key} +
           "'; known keys: max_split_size (or max_split_size_mb), roundup_power2_divisions, "
           "garbage_collection_threshold, release_threshold (or release_threshold_mb), "
-          "per_process_memory_fraction, trace_capacity");
+          "per_process_memory_fraction, trace_capacity, stats_batch");
     }
   }
   return c;
@@ -149,16 +154,18 @@ std::string allocator_config::to_string() const
 {
   std::string s;
   auto add = [&s](const std::string& item) { s += (s.empty() ? "" : ",") + item; };
-  if (max_split_size != unlimited) add("max_split_size_mb:" + std::to_string(max_split_size / mib));
+  // Sizes in bytes, so that parse(to_string()) gives back exactly these settings.
+  if (max_split_size != unlimited) add("max_split_size:" + std::to_string(max_split_size));
   if (roundup_power2_divisions != 0)
     add("roundup_power2_divisions:" + std::to_string(roundup_power2_divisions));
   if (garbage_collection_threshold != 0.0)
     add("garbage_collection_threshold:" + std::to_string(garbage_collection_threshold));
   if (release_threshold != unlimited)
-    add("release_threshold_mb:" + std::to_string(release_threshold / mib));
+    add("release_threshold:" + std::to_string(release_threshold));
   if (per_process_memory_fraction != 1.0)
     add("per_process_memory_fraction:" + std::to_string(per_process_memory_fraction));
   if (trace_capacity != 0) add("trace_capacity:" + std::to_string(trace_capacity));
+  if (stats_batch != allocator_config{}.stats_batch) add("stats_batch:" + std::to_string(stats_batch));
   return s;
 }
 

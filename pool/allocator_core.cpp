@@ -15,9 +15,11 @@
 // Locks: each stream_cache has its own mutex and its own table of the blocks it handed out,
 // so an allocation or a free on one stream takes one lock, and threads on different streams
 // never meet; a free from another stream searches the other caches. Growth (upstream calls,
-// stealing, out-of-memory handling) takes grow_mu. Statistics: an operation gathers its
-// changes in its cache and applies them to the shared figures under one short spin lock as
-// it gives the cache lock back, so stats() and snapshot(), which take every cache lock, agree.
+// stealing, out-of-memory handling) takes grow_mu. Statistics: operations gather their
+// changes in their cache and publish them to the shared figures under one short spin lock
+// when a figure drifts by more than stats_batch or after 256 operations (at once when
+// segments change or the thread moves to another cache); stats() and snapshot() take every cache lock and stats()
+// publishes every cache first, so the two agree.
 // Streams: a block freed on its own stream is reusable at once on that stream; a block
 // that record_stream() marked as used by other streams waits for events on them. A whole
 // free segment of another stream can be taken over once the device has finished its queued
@@ -544,35 +546,72 @@ class cache_mutex {
   std::atomic<int> state_{0};
 };
 
-// What an operation changes in the shared figures, gathered in its stream cache (under the
-// cache's lock) and applied under the figures' lock as the cache lock is given back: that
-// lock is held only for the apply, never across the operation's own cache misses, so
-// threads on different streams barely meet. Figures are exact at operation boundaries (a
-// peak is the highest value an operation left).
+// What the operations on one stream cache changed in the shared figures and have not yet
+// published (kept under the cache's lock). Per cell [pool * 8 + quantity]: the net change,
+// the growth, and the highest net change seen at an operation boundary; the same highest for
+// the pools' sum of each quantity and for cached = reserved - allocated. Threads on
+// different streams so touch no shared line on most operations (one shared write per
+// operation cost 10x at 4 threads on a 16-core Xeon). publish() applies it all at once.
 struct stat_delta {
-  enum class kind : std::uint8_t { none, allocation, deallocation };
-  kind op = kind::none;  // the allocation or free this operation made, if any
-  bool op_small = false;
-  std::size_t op_size = 0;
-  std::size_t op_bytes = 0;
-  // Other changes, per pool and quantity: added and removed.
-  std::array<std::int64_t, 16> plus{};  // [pool * 8 + quantity]
-  std::array<std::int64_t, 16> minus{};
-  std::uint32_t touched = 0;  // bit i: plus/minus[i] changed
+  std::array<std::int64_t, 16> net{};
+  std::array<std::int64_t, 16> added{};
+  std::array<std::int64_t, 16> high{};
+  std::array<std::int64_t, q_count> all_high{};
+  std::array<std::int64_t, 3> cached_high{};  // large, small, all
+  std::uint32_t op_touched = 0;  // bit i: cell i changed in the operation under way
+  std::uint32_t dirty = 0;       // bit i: cell i changed since the last publish
+  bool op_counted = false;       // the operation under way counted its allocation or free
+  bool urgent = false;           // publish as the operation ends
+  std::uint32_t ops = 0;         // operations since the last publish
+  std::int64_t batch = 0;        // allocator_config::stats_batch: the largest |net| kept
+
+  static constexpr std::uint32_t cached_cells =
+      1U << q_reserved | 1U << q_allocated | 1U << (8 + q_reserved) | 1U << (8 + q_allocated);
+  static constexpr std::uint32_t k_max_ops = 256;  // at most this many operations unpublished
+
+  // An operation boundary: the highs take in the operation's figures (caller holds the lock).
+  [[gnu::always_inline]] void end_op() noexcept
+  {
+    const std::uint32_t t = op_touched;
+    bool far = false;  // a figure drifted more than `batch` from its published value
+    for (std::uint32_t b = t; b != 0; b &= b - 1) {
+      const auto i = static_cast<unsigned>(std::countr_zero(b));
+      high[i] = std::max(high[i], net[i]);
+      far |= net[i] > batch || net[i] < -batch;
+    }
+    for (std::uint32_t b = (t | t >> 8) & 0xFFU; b != 0; b &= b - 1) {
+      const auto q = static_cast<unsigned>(std::countr_zero(b));
+      all_high[q] = std::max(all_high[q], net[q] + net[q + 8]);
+    }
+    if ((t & cached_cells) != 0) {
+      const std::int64_t large = net[q_reserved] - net[q_allocated];
+      const std::int64_t small = net[8 + q_reserved] - net[8 + q_allocated];
+      cached_high[0] = std::max(cached_high[0], large);
+      cached_high[1] = std::max(cached_high[1], small);
+      cached_high[2] = std::max(cached_high[2], large + small);
+    }
+    dirty |= t;
+    op_touched = 0;
+    op_counted = false;
+    ++ops;
+    urgent |= far || ops >= k_max_ops;
+  }
 };
 static_assert(q_count <= 8);
 
-// The allocator's figures, shared by its stream caches. Written under `mu` (taken once per
-// operation to apply what it changed, see stat_delta) with plain loads and stores of
-// relaxed atomics, so readers that need no exact figure (growth limits) may read without
-// a lock; stats() reads under every cache lock, so its figures agree with a snapshot. Per
-// pool and quantity: current, added (since the last reset of totals), peak; freed = added -
-// (current - base), base being current at that reset. "all" figures are the pools' sums;
-// their peaks, and those of cached = reserved - allocated, are raised after every operation.
+// The allocator's figures, shared by its stream caches: what their stat_deltas published.
+// Written under `mu` with plain loads and stores of relaxed atomics, so readers that need
+// no exact figure may read without a lock; segment changes are published at once, so
+// reserved bytes (the growth limits' figure) are always exact. stats() takes every cache
+// lock and publishes every delta first, so its figures are exact and agree with a snapshot.
+// Per pool and quantity: current, added (since the last reset of totals), peak; freed =
+// added - (current - base), base being current at that reset. "all" figures are the pools'
+// sums. A peak is the highest value at an operation boundary: exact while at most one
+// cache holds unpublished changes (one thread, whatever its streams: a thread publishes
+// its previous cache when it moves to another; or threads sharing one stream); with
+// threads on several streams at once, off by at most what the other caches hold unpublished
+// (a peak of bytes by stats_batch per other cache, a count by 256 per other cache).
 struct shared_stats {
-  // Each array is [pool * 8 + quantity], the other pool's figure at index ^ 8; the lock and
-  // the current figures share the first two cache lines, so an operation on another core
-  // pulls in few lines: those two, a pool's added and peak figures, the "all" peaks.
   alignas(64) spin_lock mu;
   std::array<std::atomic<std::int64_t>, 16> value{};  // current figures
   std::array<std::atomic<std::int64_t>, 16> added{};
@@ -600,42 +639,13 @@ struct shared_stats {
   }
   [[nodiscard]] std::int64_t total(quantity q) const noexcept { return current(q, 0) + current(q, 1); }
 
-  [[gnu::always_inline]] void raise_cached() noexcept
+  void raise_cached() noexcept
   {
     const std::int64_t large = current(q_reserved, 0) - current(q_allocated, 0);
     const std::int64_t small = current(q_reserved, 1) - current(q_allocated, 1);
     raise(cached_peak[0], large);
     raise(cached_peak[1], small);
     raise(cached_peak[2], large + small);
-  }
-
-  // A block of `size` handed out for `bytes` (caller holds mu): the four figures an
-  // allocation changes, in one pass over the pool's row.
-  void allocation(bool is_small, std::size_t size, std::size_t bytes) noexcept
-  {
-    const unsigned row = is_small ? 8 : 0;
-    increase(row + q_allocated, static_cast<std::int64_t>(size));
-    increase(row + q_requested, static_cast<std::int64_t>(bytes));
-    increase(row + q_active, static_cast<std::int64_t>(size));
-    increase(row + q_num_allocations, 1);
-  }
-  // Cell i grows by n > 0: current, added and both peaks (caller holds mu).
-  [[gnu::always_inline]] void increase(unsigned i, std::int64_t n) noexcept
-  {
-    const std::int64_t now = get(value[i]) + n;
-    set(value[i], now);
-    set(added[i], get(added[i]) + n);
-    raise(peak[i], now);
-    raise(all_peak[i & 7], now + get(value[i ^ 8]));
-  }
-  // The figures a free changes at once (active stays until the block is back in the cache).
-  void deallocation(bool is_small, std::size_t size, std::size_t bytes) noexcept
-  {
-    std::atomic<std::int64_t>* row = &value[is_small ? 8 : 0];
-    set(row[q_allocated], get(row[q_allocated]) - static_cast<std::int64_t>(size));
-    set(row[q_requested], get(row[q_requested]) - static_cast<std::int64_t>(bytes));
-    set(row[q_num_allocations], get(row[q_num_allocations]) - 1);
-    raise_cached();
   }
 
   [[nodiscard]] stat load_cell(quantity q, int p) const noexcept
@@ -659,43 +669,42 @@ struct shared_stats {
     return get(cached_peak[static_cast<std::size_t>(p)]);
   }
 
-  // Applies and clears a stream cache's delta (caller holds that cache's lock).
-  void apply(stat_delta& d) noexcept
+  // Applies and clears a stream cache's delta (caller holds that cache's lock; no
+  // operation under way). Each peak becomes at least the figure before + the delta's high.
+  void publish(stat_delta& d) noexcept
   {
-    if (d.op == stat_delta::kind::none && d.touched == 0) return;
+    const std::uint32_t dirty = d.dirty;
+    if (dirty == 0) return;
     std::lock_guard g{mu};
-    constexpr std::uint32_t reserved_bits = 1U << q_reserved | 1U << (8 + q_reserved);
-    const bool reserved_changed = (d.touched & reserved_bits) != 0;
-    std::uint32_t grown = 0;  // quantities that grew in a pool
-    for (std::uint32_t t = d.touched; t != 0; t &= t - 1) {
-      const auto i = static_cast<unsigned>(std::countr_zero(t));
-      const std::int64_t plus = d.plus[i];
-      const std::int64_t now = get(value[i]) + plus - d.minus[i];
-      set(value[i], now);
-      if (plus != 0) {
-        set(added[i], get(added[i]) + plus);
-        raise(peak[i], now);
-        grown |= 1U << (i & 7);
-      }
-      d.plus[i] = 0;
-      d.minus[i] = 0;
+    for (std::uint32_t b = (dirty | dirty >> 8) & 0xFFU; b != 0; b &= b - 1) {
+      const auto q = static_cast<unsigned>(std::countr_zero(b));
+      raise(all_peak[q], get(value[q]) + get(value[q + 8]) + d.all_high[q]);
+      d.all_high[q] = 0;
     }
-    d.touched = 0;
-    // "all" peaks once both pools hold their new figures (an operation may change both).
-    for (std::uint32_t g = grown; g != 0; g &= g - 1) {
-      const auto q = static_cast<unsigned>(std::countr_zero(g));
-      raise(all_peak[q], get(value[q]) + get(value[q + 8]));
+    if ((dirty & stat_delta::cached_cells) != 0) {
+      const std::int64_t large = current(q_reserved, 0) - current(q_allocated, 0);
+      const std::int64_t small = current(q_reserved, 1) - current(q_allocated, 1);
+      raise(cached_peak[0], large + d.cached_high[0]);
+      raise(cached_peak[1], small + d.cached_high[1]);
+      raise(cached_peak[2], large + small + d.cached_high[2]);
+      d.cached_high = {};
     }
-    if (d.op == stat_delta::kind::allocation) {
-      allocation(d.op_small, d.op_size, d.op_bytes);
-    } else if (d.op == stat_delta::kind::deallocation) {
-      deallocation(d.op_small, d.op_size, d.op_bytes);
+    for (std::uint32_t b = dirty; b != 0; b &= b - 1) {
+      const auto i = static_cast<unsigned>(std::countr_zero(b));
+      const std::int64_t v = get(value[i]);
+      raise(peak[i], v + d.high[i]);
+      set(value[i], v + d.net[i]);
+      if (d.added[i] != 0) set(added[i], get(added[i]) + d.added[i]);
+      d.net[i] = 0;
+      d.added[i] = 0;
+      d.high[i] = 0;
     }
-    d.op = stat_delta::kind::none;
-    if (reserved_changed) raise_cached();
+    d.dirty = 0;
+    d.urgent = false;
+    d.ops = 0;
   }
 
-  // Peaks restart from the current figures (caller holds every cache lock).
+  // Peaks restart from the current figures (caller holds every cache lock, deltas published).
   void reset_peaks() noexcept
   {
     for (std::size_t i = 0; i < value.size(); ++i) set(peak[i], get(value[i]));
@@ -703,7 +712,8 @@ struct shared_stats {
     for (auto& p : cached_peak) set(p, std::numeric_limits<std::int64_t>::min());
     raise_cached();
   }
-  // Totals (allocated / freed) restart; current figures stay (caller holds every cache lock).
+  // Totals (allocated / freed) restart; current figures stay (caller holds every cache lock,
+  // deltas published).
   void reset_totals() noexcept
   {
     for (std::size_t p = 0; p < 2; ++p) {
@@ -775,9 +785,9 @@ struct stream_cache {
   }
 };
 
-// A stream cache's lock (movable, may be empty). Giving it back first applies the
-// statistics the operation logged, so a reader that takes the cache lock never sees an
-// operation half-counted.
+// A stream cache's lock (movable, may be empty). Giving it back ends the operation under
+// way in the cache's statistics (and publishes them when due), so a reader that takes the
+// cache lock never sees an operation half-counted.
 class cache_lock {
  public:
   cache_lock() = default;
@@ -790,7 +800,11 @@ class cache_lock {
   ~cache_lock()
   {
     if (cache_ == nullptr) return;
-    stats_->apply(cache_->delta);
+    stat_delta& d = cache_->delta;
+    if (d.op_touched != 0) {
+      d.end_op();
+      if (d.urgent) stats_->publish(d);
+    }
     cache_->mu.unlock();
   }
 
@@ -813,10 +827,20 @@ struct thread_caches {
   std::array<entry, 4> entries{};
   unsigned last = 0;    // the entry used last
   unsigned victim = 0;  // the next entry a miss replaces
+  // Per allocator (the last four this thread used): the cache of the thread's last
+  // allocation or free there, whose statistics may be unpublished.
+  struct op_entry {
+    std::uint64_t owner = 0;
+    stream_cache* cache = nullptr;
+  };
+  std::array<op_entry, 4> ops{};
+  unsigned op_last = 0;    // the entry used last
+  unsigned op_victim = 0;  // the next entry a new allocator replaces
 };
 // initial-exec: a fixed offset from the thread pointer, where the default model for a shared
-// library calls __tls_get_addr on every allocation and free (~100 bytes of the static TLS
-// that glibc keeps spare for libraries loaded later).
+// library calls __tls_get_addr on every allocation and free (176 bytes of the 512 of static
+// TLS that glibc keeps spare for libraries loaded later, e.g. by Python).
+static_assert(sizeof(thread_caches) <= 176);
 [[gnu::tls_model("initial-exec")]] thread_local thread_caches tl_caches;
 
 }  // namespace
@@ -867,32 +891,83 @@ struct allocator_core::impl {
 
   std::mutex grow_mu;
 
-  shared_stats figures;
+  // mutable: readers (stats(), snapshots) publish the caches' deltas before they read,
+  // which changes no figure they could see.
+  mutable shared_stats figures;
 
   // Changes to the shared figures by an operation on `c` (caller holds c.mu): gathered in
-  // c.delta, applied when c.mu is given back (or by flush_stats() to read them at once).
-  static void add(stream_cache& c, quantity q, bool small, std::size_t n) noexcept
+  // c.delta, published when due as c.mu is given back, or before any reader looks.
+  [[gnu::always_inline]] static void add(stream_cache& c, quantity q, bool small, std::size_t n) noexcept
   {
     const unsigned i = (small ? 8U : 0U) + q;
-    c.delta.plus[i] += static_cast<std::int64_t>(n);
-    c.delta.touched |= 1U << i;
+    stat_delta& d = c.delta;
+    d.net[i] += static_cast<std::int64_t>(n);
+    d.added[i] += static_cast<std::int64_t>(n);
+    d.op_touched |= 1U << i;
+    if (q == q_reserved || q == q_num_segments) d.urgent = true;
   }
-  static void sub(stream_cache& c, quantity q, bool small, std::size_t n) noexcept
+  [[gnu::always_inline]] static void sub(stream_cache& c, quantity q, bool small, std::size_t n) noexcept
   {
     const unsigned i = (small ? 8U : 0U) + q;
-    c.delta.minus[i] += static_cast<std::int64_t>(n);
-    c.delta.touched |= 1U << i;
+    stat_delta& d = c.delta;
+    d.net[i] -= static_cast<std::int64_t>(n);
+    d.op_touched |= 1U << i;
+    if (q == q_reserved || q == q_num_segments) d.urgent = true;
   }
-  // The allocation or free of this operation (one per operation; a second applies the first).
-  void count_op(stream_cache& c, stat_delta::kind k, bool small, std::size_t size, std::size_t bytes) noexcept
+  // An allocation of `size` bytes for a request of `bytes` (one per operation: a second
+  // one starts a new operation boundary).
+  static void count_allocation(stream_cache& c, bool small, std::size_t size, std::size_t bytes) noexcept
   {
-    if (c.delta.op != stat_delta::kind::none) figures.apply(c.delta);
-    c.delta.op = k;
-    c.delta.op_small = small;
-    c.delta.op_size = size;
-    c.delta.op_bytes = bytes;
+    if (c.delta.op_counted) c.delta.end_op();
+    add(c, q_allocated, small, size);
+    add(c, q_requested, small, bytes);
+    add(c, q_active, small, size);
+    add(c, q_num_allocations, small, 1);
+    c.delta.op_counted = true;
   }
-  void flush_stats(stream_cache& c) noexcept { figures.apply(c.delta); }
+  // A free (active bytes stay until the block is back in the cache).
+  static void count_free(stream_cache& c, bool small, std::size_t size, std::size_t bytes) noexcept
+  {
+    if (c.delta.op_counted) c.delta.end_op();
+    sub(c, q_allocated, small, size);
+    sub(c, q_requested, small, bytes);
+    sub(c, q_num_allocations, small, 1);
+    c.delta.op_counted = true;
+  }
+
+  // Before an allocation or free on `c` (no cache lock held): when this thread's previous
+  // one here was on another cache, that cache's delta is published, so at most one cache
+  // holds a thread's unpublished changes and one thread's peaks are exact (the thread
+  // remembers its last four allocators; a fifth's caches publish as their batches fill).
+  void begin_op(stream_cache& c) noexcept
+  {
+    thread_caches::op_entry& e = tl_caches.ops[tl_caches.op_last];
+    if (e.owner == id && e.cache == &c) return;
+    switch_op(c);
+  }
+  [[gnu::noinline]] void switch_op(stream_cache& c) noexcept
+  {
+    thread_caches& tc = tl_caches;
+    unsigned k = 0;
+    while (k < tc.ops.size() && tc.ops[k].owner != id) ++k;
+    if (k == tc.ops.size()) {
+      k = tc.op_victim;
+      tc.op_victim = (k + 1) % static_cast<unsigned>(tc.ops.size());
+      tc.ops[k] = thread_caches::op_entry{id, nullptr};
+    }
+    tc.op_last = k;
+    stream_cache* previous = std::exchange(tc.ops[k].cache, &c);
+    if (previous != nullptr && previous != &c) {
+      previous->mu.lock();
+      figures.publish(previous->delta);
+      previous->mu.unlock();
+    }
+  }
+  // Every cache's delta (caller holds every cache lock).
+  void publish_all() const noexcept
+  {
+    for (const auto& c : caches) figures.publish(c->delta);
+  }
   std::atomic<std::int64_t> misses{0}, retries{0}, ooms{0};
   std::int64_t hits_base = 0;  // hits before the last reset_memory_stats (under all locks)
 
@@ -944,6 +1019,7 @@ struct allocator_core::impl {
       auto [it, inserted] = by_stream.try_emplace(s, nullptr);
       if (inserted) {
         caches.push_back(std::make_unique<stream_cache>(s, small_table));
+        caches.back()->delta.batch = static_cast<std::int64_t>(cfg.stats_batch);
         it->second = caches.back().get();
       }
       c = it->second;
@@ -1040,11 +1116,6 @@ struct allocator_core::impl {
     index(c, r);
   }
 
-  void count_allocation(stream_cache& c, bool small, std::size_t size, std::size_t bytes) noexcept
-  {
-    count_op(c, stat_delta::kind::allocation, small, size, bytes);
-  }
-
   // Hands out `b` (not indexed) for a request of `bytes` (caller holds c.mu).
   void hand_out(stream_cache& c, block* b, std::size_t size, std::size_t bytes)
   {
@@ -1069,9 +1140,12 @@ struct allocator_core::impl {
   bool over_release_threshold(stream_cache& c) noexcept
   {
     if (cfg.release_threshold == k_unlimited) return false;
-    flush_stats(c);  // the figures as this operation left them
-    return static_cast<std::size_t>(figures.total(q_reserved) - figures.total(q_allocated)) >
-           cfg.release_threshold;
+    // The shared figures and what this cache has not yet published (others' unpublished
+    // changes are not seen: the threshold holds to within their stats_batch).
+    const stat_delta& d = c.delta;
+    const std::int64_t cached = figures.total(q_reserved) - figures.total(q_allocated) + d.net[q_reserved] +
+                                d.net[8 + q_reserved] - d.net[q_allocated] - d.net[8 + q_allocated];
+    return cached > 0 && static_cast<std::size_t>(cached) > cfg.release_threshold;
   }
 
   // Back to the cache: merge with free neighbours, index (caller holds c.mu).
@@ -1567,6 +1641,7 @@ struct allocator_core::impl {
   // The live block at ptr in cache c, locked; or nothing, with c unlocked again.
   std::pair<block_ref, cache_lock> lookup_in(stream_cache& c, void* ptr, bool erase)
   {
+    begin_op(c);
     cache_lock g{figures, c};
     const block_ref b = find_live(c, reinterpret_cast<std::uintptr_t>(ptr), erase);
     if (!b.found()) return {b, cache_lock{}};
@@ -1654,6 +1729,7 @@ struct allocator_core::impl {
     std::shared_lock r{registry_mu};
     std::vector<std::unique_lock<cache_mutex>> locks;
     lock_all(locks);
+    publish_all();
     if (totals) {
       hits_base = 0;
       for (auto& c : caches) hits_base += c->hits;
@@ -1668,6 +1744,7 @@ struct allocator_core::impl {
     std::shared_lock r{registry_mu};
     std::vector<std::unique_lock<cache_mutex>> locks;
     lock_all(locks);
+    publish_all();
     return stats_locked();
   }
 };
@@ -1696,6 +1773,7 @@ void* allocator_core::allocate(std::size_t bytes, native_stream stream)
   const bool small = size <= k_small_request;
   stream_cache& c = m.cache_for(stream);
   block_ref b;
+  m.begin_op(c);
   {
     const cache_lock g{m.figures, c};
     if (!c.pending.empty()) m.process_events(c, false);
@@ -1735,11 +1813,9 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
                            " bytes): the allocation was " + std::to_string(requested) +
                            " bytes; nothing was changed");
   }
-  // Counted as freed just before the block changes state (the figures' lock is taken
-  // there, after the calls above and below that may block or allocate).
-  auto count_free = [&] {
-    m.count_op(c, stat_delta::kind::deallocation, small, size, requested);
-  };
+  // Counted as freed just before the block changes state (after the calls above and below
+  // that may throw, block or allocate).
+  auto count_free = [&] { impl::count_free(c, small, size, requested); };
   if (m.tracing.load(std::memory_order_relaxed)) {
     trace_event e = m.event_of(trace_kind::free, addr, size, requested, c.stream);
     const std::uint64_t t = dense ? (b.seg->t_alloc ? b.seg->t_alloc[b.unit] : 0) : b.large->t_alloc;

@@ -17,6 +17,7 @@
 #include <depot/pool/memory_functions.hpp>
 #include <depot/pool/pool.hpp>
 #include <depot/pool/profile_memory.hpp>
+#include <depot/pool/simulated_upstream.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -862,6 +863,151 @@ TEST_CASE("pool: one operation that changes both pools counts its peaks once (as
   CHECK(st.reserved_bytes.all.current == 0);
 }
 
+// Every figure of two statistics, peaks included, equal.
+void check_same_stats(const depot::memory_stats& a, const depot::memory_stats& b)
+{
+  const std::pair<const char*, depot::stat_array depot::memory_stats::*> arrays[] = {
+      {"allocated", &depot::memory_stats::allocated_bytes},
+      {"requested", &depot::memory_stats::requested_bytes},
+      {"reserved", &depot::memory_stats::reserved_bytes},
+      {"cached", &depot::memory_stats::cached_bytes},
+      {"active", &depot::memory_stats::active_bytes},
+      {"inactive_split", &depot::memory_stats::inactive_split_bytes},
+      {"num_allocations", &depot::memory_stats::num_allocations},
+      {"num_segments", &depot::memory_stats::num_segments}};
+  for (const auto& [name, member] : arrays) {
+    for (const auto& [pool, cell] : {std::pair{"all", &depot::stat_array::all},
+                                     std::pair{"large", &depot::stat_array::large},
+                                     std::pair{"small", &depot::stat_array::small}}) {
+      const depot::stat& x = a.*member.*cell;
+      const depot::stat& y = b.*member.*cell;
+      INFO(name, ".", pool);
+      CHECK(x.current == y.current);
+      CHECK(x.peak == y.peak);
+      CHECK(x.allocated == y.allocated);
+      CHECK(x.freed == y.freed);
+    }
+  }
+  CHECK(a.num_cache_hits == b.num_cache_hits);
+  CHECK(a.num_cache_misses == b.num_cache_misses);
+  CHECK(a.largest_free_block == b.largest_free_block);
+}
+
+TEST_CASE("pool: statistics published in batches equal those published at every operation")
+{
+  // One thread, five streams, 20 000 operations (1 B - 3 MiB; frees on the block's stream,
+  // on another stream or unnamed; record_stream; empty_cache; an asynchronous backend, so
+  // frees wait for events) on four allocators over identical simulated devices, each
+  // operation applied to all four in turn. The first publishes every operation
+  // (stats_batch 0) and its peaks are checked against the running maxima after every
+  // operation; the others gather their figures in their stream caches (the default 16 MiB,
+  // 64 KiB, and 1 TiB: only the 256-operation cap and stream changes publish) and are read
+  // only every few hundred operations: they must show exactly the same figures.
+  const auto seed = depot::test::seed("pool batched statistics", 7);
+  std::mt19937_64 rng{seed};
+  std::vector<std::unique_ptr<depot::detail::allocator_core>> pools;
+  for (const std::size_t batch : {std::size_t{0}, depot::allocator_config{}.stats_batch, 64 * KiB,
+                                  std::size_t{1} << 40}) {
+    depot::allocator_config cfg = quiet_config<depot::host>();
+    cfg.stats_batch = batch;
+    pools.push_back(std::make_unique<depot::detail::allocator_core>(
+        std::make_unique<depot::simulated_upstream>(std::size_t{1} << 40), cfg, /*asynchronous=*/true));
+  }
+  std::vector<depot::native_stream> streams;
+  for (std::uintptr_t k = 1; k <= 5; ++k) streams.push_back(reinterpret_cast<depot::native_stream>(k << 12));
+  struct live_block {
+    std::vector<void*> p;  // per allocator
+    std::size_t stream;
+  };
+  std::vector<live_block> live;
+  peak_tracker peaks;
+  int compared = 0;
+  for (int op = 0; op < 20000; ++op) {
+    const auto r = rng() % 100;
+    if (r < 1) {
+      for (auto& a : pools) a->empty_cache();
+    } else if (r < 4 && !live.empty()) {
+      const live_block& b = live[rng() % live.size()];
+      const std::size_t other = rng() % streams.size();
+      for (std::size_t i = 0; i < pools.size(); ++i) pools[i]->record_stream(b.p[i], streams[other]);
+    } else if (live.empty() || (r < 55 && live.size() < 300)) {
+      const auto kind = rng() % 20;
+      const std::size_t max = kind < 14 ? 64 * KiB : kind < 19 ? MiB : 3 * MiB;
+      const std::size_t n = 1 + rng() % max;
+      live_block b{{}, rng() % streams.size()};
+      for (auto& a : pools) b.p.push_back(a->allocate(n, streams[b.stream]));
+      for (void* p : b.p) REQUIRE(p == b.p[0]);  // identical devices, identical decisions
+      live.push_back(std::move(b));
+    } else {
+      const std::size_t k = rng() % live.size();
+      const auto how = rng() % 3;
+      const std::size_t on = how == 0 ? live[k].stream : rng() % streams.size();
+      for (std::size_t i = 0; i < pools.size(); ++i) pools[i]->deallocate(live[k].p[i], streams[on], how != 2, 0);
+      live[k] = std::move(live.back());
+      live.pop_back();
+    }
+    const depot::memory_stats st = pools[0]->stats();
+    peaks.check(st);
+    if (op % 379 == 0 || op == 19999) {
+      CAPTURE(op);
+      for (std::size_t i = 1; i < pools.size(); ++i) {
+        CAPTURE(i);
+        check_same_stats(st, pools[i]->stats());
+      }
+      check_invariants(st, pools[0]->snapshot());
+      ++compared;
+    }
+  }
+  CHECK(compared > 50);
+  CHECK(peaks.high["allocated.all"] > static_cast<std::int64_t>(64 * MiB));
+  // A peak reset publishes first: the batching allocators' peaks restart from the same
+  // figures, and so do they after another stretch of operations.
+  for (auto& a : pools) a->reset_peak_stats();
+  for (int i = 0; i < 300 && !live.empty(); ++i) {
+    for (std::size_t j = 0; j < pools.size(); ++j) pools[j]->deallocate(live.back().p[j], nullptr, false, 0);
+    live.pop_back();
+  }
+  for (std::size_t i = 1; i < pools.size(); ++i) check_same_stats(pools[0]->stats(), pools[i]->stats());
+}
+
+TEST_CASE_TEMPLATE("pool: a figure that drifts past stats_batch is published at once", D,
+                   DEPOT_TEST_DEVICES)
+{
+  // stats_batch 1 MiB. Another thread allocates two 8 MiB blocks on stream 1 (the second
+  // a cache hit, which publishes only because it drifts past the batch) and ends; this
+  // thread then allocates and frees 8 MiB on stream 2: the peak is 24 MiB. With two 256 KiB blocks the second stays unpublished
+  // (within the batch) and may be missing from the peak, but by no more than the batch.
+  for (const std::size_t block : {8 * MiB, 256 * KiB}) {
+    CAPTURE(block);
+    depot::allocator_config cfg = quiet_config<D>();
+    cfg.stats_batch = MiB;
+    depot::caching_allocator<D> a{0, cfg};
+    depot::stream<D> s1;
+    depot::stream<D> s2;
+    a.deallocate(a.allocate(8 * MiB, s2), s2);
+    a.reset_memory_stats();
+    void* kept[2] = {};
+    std::thread{[&] {
+      kept[0] = a.allocate(block, s1);
+      kept[1] = a.allocate(block, s1);
+    }}.join();
+    void* p = a.allocate(8 * MiB, s2);
+    a.deallocate(p, s2);
+    const depot::memory_stats st = a.stats();
+    CHECK(st.num_cache_hits >= 1);  // the second block at least
+    CHECK(st.requested_bytes.all.current == static_cast<std::int64_t>(2 * block));
+    const auto exact = static_cast<std::int64_t>(2 * block + 8 * MiB);
+    if (block > MiB) {
+      CHECK(st.requested_bytes.all.peak == exact);
+    } else {
+      CHECK(st.requested_bytes.all.peak >= exact - static_cast<std::int64_t>(MiB));
+      CHECK(st.requested_bytes.all.peak <= exact);
+    }
+    for (void* k : kept) a.deallocate(k, s1);
+    check_invariants(a);
+  }
+}
+
 TEST_CASE_TEMPLATE("pool: a thread alternating among more streams than it remembers", D,
                    DEPOT_TEST_DEVICES)
 {
@@ -934,8 +1080,16 @@ TEST_CASE_TEMPLATE("pool: producer and consumer on two streams", D, DEPOT_TEST_D
 
 TEST_CASE_TEMPLATE("pool: four threads at once", D, DEPOT_TEST_DEVICES)
 {
-  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  // Each thread on its own stream, checking its blocks' contents. stats_batch 64 KiB: each
+  // thread's own peak of requested bytes is a lower bound of the shared peak, and the sum
+  // of their peaks plus what three other caches may hold unpublished (64 KiB, or one block
+  // that crossed it) an upper bound; current figures and totals are exact at the end.
+  depot::allocator_config cfg = quiet_config<D>();
+  cfg.stats_batch = 64 * KiB;
+  depot::caching_allocator<D> a{0, cfg};
   std::atomic<int> errors{0};
+  std::atomic<std::int64_t> made{0};
+  std::vector<std::int64_t> own_peak(4, 0);
   const auto seed = depot::test::seed("pool threads", 4);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
@@ -943,12 +1097,16 @@ TEST_CASE_TEMPLATE("pool: four threads at once", D, DEPOT_TEST_DEVICES)
       std::mt19937_64 rng{seed + static_cast<unsigned>(t)};
       depot::stream<D> s;
       std::vector<std::pair<void*, std::size_t>> mine;
-      for (int i = 0; i < 1500; ++i) {
+      std::int64_t live_bytes = 0;
+      for (int i = 0; i < 3000; ++i) {
         if (mine.empty() || rng() % 2 == 0) {
           const std::size_t n = 1 + rng() % (rng() % 8 == 0 ? 4 * MiB : 64 * 1024);
           void* p = a.allocate(n, s);
+          ++made;
           depot::runtime<D>::set_async(p, t + 1, std::min<std::size_t>(n, 256), s.native());
           mine.emplace_back(p, n);
+          live_bytes += static_cast<std::int64_t>(n);
+          own_peak[static_cast<std::size_t>(t)] = std::max(own_peak[static_cast<std::size_t>(t)], live_bytes);
         } else {
           const auto k = rng() % mine.size();
           unsigned char probe = 0;
@@ -956,6 +1114,7 @@ TEST_CASE_TEMPLATE("pool: four threads at once", D, DEPOT_TEST_DEVICES)
           depot::runtime<D>::copy(&probe, mine[k].first, 1);
           if (probe != t + 1) ++errors;
           a.deallocate(mine[k].first, s);
+          live_bytes -= static_cast<std::int64_t>(mine[k].second);
           mine.erase(mine.begin() + static_cast<long>(k));
         }
       }
@@ -965,7 +1124,17 @@ TEST_CASE_TEMPLATE("pool: four threads at once", D, DEPOT_TEST_DEVICES)
   }
   for (auto& th : threads) th.join();
   CHECK(errors.load() == 0);
-  CHECK(a.stats().allocated_bytes.all.current == 0);
+  const depot::memory_stats st = a.stats();
+  std::int64_t sum = 0;
+  for (const std::int64_t p : own_peak) {
+    CHECK(st.requested_bytes.all.peak >= p);
+    sum += p;
+  }
+  CHECK(st.requested_bytes.all.peak <= sum + 3 * static_cast<std::int64_t>(64 * KiB + 4 * MiB));
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.requested_bytes.all.current == 0);
+  CHECK(st.num_allocations.all.allocated == made.load());
+  CHECK(st.num_allocations.all.freed == made.load());
   check_invariants(a);
 }
 
@@ -1129,9 +1298,23 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
   CHECK(c.release_threshold == 0);
   CHECK(c.per_process_memory_fraction == doctest::Approx(0.75));
   CHECK(c.trace_capacity == 1000);
+  CHECK(c.stats_batch == 16 * MiB);  // the default
   const auto round = allocator_config::parse(c.to_string());
   CHECK(round.max_split_size == c.max_split_size);
+  CHECK(round.roundup_power2_divisions == c.roundup_power2_divisions);
+  CHECK(round.garbage_collection_threshold == doctest::Approx(c.garbage_collection_threshold));
+  CHECK(round.release_threshold == c.release_threshold);
+  CHECK(round.per_process_memory_fraction == doctest::Approx(c.per_process_memory_fraction));
   CHECK(round.trace_capacity == c.trace_capacity);
+  CHECK(round.stats_batch == c.stats_batch);
+  // Sizes that are not whole MiB survive the round trip too.
+  const auto odd = allocator_config::parse("max_split_size:1049088,release_threshold:65537,stats_batch:0");
+  CHECK(odd.stats_batch == 0);
+  const auto odd_round = allocator_config::parse(odd.to_string());
+  CHECK(odd_round.max_split_size == 1049088);
+  CHECK(odd_round.release_threshold == 65537);
+  CHECK(odd_round.stats_batch == 0);
+  CHECK(allocator_config::parse("stats_batch:1TiB").stats_batch == std::size_t{1} << 40);
   CHECK(allocator_config::parse("").max_split_size == std::numeric_limits<std::size_t>::max());
   CHECK(allocator_config::parse("max_split_size:512MiB").max_split_size == 512 * MiB);
   CHECK(allocator_config::parse("max_split_size:2GiB").max_split_size == 2048 * MiB);
@@ -1155,6 +1338,9 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
       {"max_split_size:1KiB", "[1MiB"},
       {"max_split_size:99999999TiB", "max_split_size"},
       {"release_threshold:lots", "release_threshold"},
+      {"stats_batch:2TiB", "[0, 1TiB]"},
+      {"stats_batch:-1", "stats_batch"},
+      {"stats_batch:16MB", "e.g. 16MiB"},
   };
   for (const auto& [text, expect] : bad) {
     CAPTURE(text);

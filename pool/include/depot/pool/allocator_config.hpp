@@ -34,6 +34,13 @@ struct allocator_config {
   double per_process_memory_fraction = 1.0;
   // Events kept in the trace ring buffer (0: no trace). Key trace_capacity.
   std::size_t trace_capacity = 0;
+  // How far (bytes) a figure of a stream's cache may drift from the allocator's shared
+  // statistics before the cache publishes its changes (also after 256 operations, at once
+  // on segment changes). stats() is always exact, and so are peaks while one thread
+  // allocates (on any streams); with threads on several streams at once a peak may be off
+  // by this much per other stream (0: publish every operation, exact peaks, one shared
+  // write per operation). Key stats_batch (bytes, with suffixes, at most 1TiB). Default 16 MiB.
+  std::size_t stats_batch = std::size_t{16} << 20;
 
   // Parses "key:value,..." on top of the defaults. Throws depot::invalid_argument.
   [[nodiscard]] static allocator_config parse(std::string_view text);

@@ -30,6 +30,8 @@ struct stat_array {
 // reserved = bytes held from the upstream (segments); cached = reserved - allocated;
 // active = allocated + freed blocks still waiting for their streams' events;
 // inactive_split = free blocks that are pieces of a partly used segment (not releasable).
+// Current values and totals are exact; a peak is exact while one thread allocates (on any
+// streams), else within allocator_config::stats_batch per other stream in use at once.
 struct memory_stats {
   stat_array allocated_bytes;
   stat_array requested_bytes;
