@@ -559,6 +559,7 @@ struct stat_delta {
   std::array<std::int64_t, q_count> all_high{};
   std::array<std::int64_t, 3> cached_high{};  // large, small, all
   std::uint32_t op_touched = 0;  // bit i: cell i changed in the operation under way
+  std::uint32_t op_grown = 0;    // bit i: cell i grew in the operation under way
   std::uint32_t dirty = 0;       // bit i: cell i changed since the last publish
   bool op_counted = false;       // the operation under way counted its allocation or free
   bool urgent = false;           // publish as the operation ends
@@ -570,16 +571,16 @@ struct stat_delta {
   static constexpr std::uint32_t k_max_ops = 256;  // at most this many operations unpublished
 
   // An operation boundary: the highs take in the operation's figures (caller holds the lock).
+  // Only cells that grew can raise a high (cached grows when allocated shrinks).
   [[gnu::always_inline]] void end_op() noexcept
   {
     const std::uint32_t t = op_touched;
-    bool far = false;  // a figure drifted more than `batch` from its published value
-    for (std::uint32_t b = t; b != 0; b &= b - 1) {
+    const std::uint32_t g = op_grown;
+    for (std::uint32_t b = g; b != 0; b &= b - 1) {
       const auto i = static_cast<unsigned>(std::countr_zero(b));
       high[i] = std::max(high[i], net[i]);
-      far |= net[i] > batch || net[i] < -batch;
     }
-    for (std::uint32_t b = (t | t >> 8) & 0xFFU; b != 0; b &= b - 1) {
+    for (std::uint32_t b = (g | g >> 8) & 0xFFU; b != 0; b &= b - 1) {
       const auto q = static_cast<unsigned>(std::countr_zero(b));
       all_high[q] = std::max(all_high[q], net[q] + net[q + 8]);
     }
@@ -592,9 +593,10 @@ struct stat_delta {
     }
     dirty |= t;
     op_touched = 0;
+    op_grown = 0;
     op_counted = false;
     ++ops;
-    urgent |= far || ops >= k_max_ops;
+    urgent |= ops >= k_max_ops;
   }
 };
 static_assert(q_count <= 8);
@@ -904,7 +906,9 @@ struct allocator_core::impl {
     d.net[i] += static_cast<std::int64_t>(n);
     d.added[i] += static_cast<std::int64_t>(n);
     d.op_touched |= 1U << i;
-    if (q == q_reserved || q == q_num_segments) d.urgent = true;
+    d.op_grown |= 1U << i;
+    // Segments change, or a figure drifted more than `batch` from its published value.
+    d.urgent |= q == q_reserved || q == q_num_segments || d.net[i] > d.batch;
   }
   [[gnu::always_inline]] static void sub(stream_cache& c, quantity q, bool small, std::size_t n) noexcept
   {
@@ -912,7 +916,7 @@ struct allocator_core::impl {
     stat_delta& d = c.delta;
     d.net[i] -= static_cast<std::int64_t>(n);
     d.op_touched |= 1U << i;
-    if (q == q_reserved || q == q_num_segments) d.urgent = true;
+    d.urgent |= q == q_reserved || q == q_num_segments || d.net[i] < -d.batch;
   }
   // An allocation of `size` bytes for a request of `bytes` (one per operation: a second
   // one starts a new operation boundary).
