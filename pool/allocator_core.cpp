@@ -18,8 +18,8 @@
 // stealing, out-of-memory handling) takes grow_mu. Statistics: operations gather their
 // changes in their cache and publish them to the shared figures under one short spin lock
 // when a figure drifts by more than stats_batch or after 256 operations (at once when
-// segments change or the thread moves to another cache); stats() and snapshot() take every cache lock and stats()
-// publishes every cache first, so the two agree.
+// segments change or the thread moves to another cache); stats() and snapshot() take every
+// cache lock and stats() publishes every cache first, so the two agree.
 // Streams: a block freed on its own stream is reusable at once on that stream; a block
 // that record_stream() marked as used by other streams waits for events on them. A whole
 // free segment of another stream can be taken over once the device has finished its queued
