@@ -566,25 +566,46 @@ struct stat_delta {
   std::uint32_t ops = 0;         // operations since the last publish
   std::int64_t batch = 0;        // allocator_config::stats_batch: the largest |net| kept
 
-  static constexpr std::uint32_t cached_cells =
-      1U << q_reserved | 1U << q_allocated | 1U << (8 + q_reserved) | 1U << (8 + q_allocated);
+  explicit stat_delta(std::size_t stats_batch) : batch{static_cast<std::int64_t>(stats_batch)} {}
+
+  // The quantities every allocation and free changes; the others (reserved, segments) change
+  // with segments, which publish as the operation ends.
+  static constexpr std::uint32_t hot_quantities = 1U << q_allocated | 1U << q_requested | 1U << q_active |
+                                                  1U << q_inactive_split | 1U << q_num_allocations;
+  static constexpr std::uint32_t hot_cells = hot_quantities | hot_quantities << 8;
+  static constexpr std::uint32_t rare_cells = ~hot_cells & 0xFFFFU;
+  static constexpr std::uint32_t split_cells = 1U << q_inactive_split | 1U << (8 + q_inactive_split);
+  static constexpr std::uint32_t allocated_cells = 1U << q_allocated | 1U << (8 + q_allocated);
+  static constexpr std::uint32_t reserved_cells = 1U << q_reserved | 1U << (8 + q_reserved);
   static constexpr std::uint32_t k_max_ops = 256;  // at most this many operations unpublished
 
   // An operation boundary: the highs take in the operation's figures (caller holds the lock).
-  // Only cells that grew can raise a high (cached grows when allocated shrinks).
+  // Only figures that grew can raise a high, so an allocation (the hot quantities grew)
+  // takes in those of its pool, a free only inactive split bytes (when it merged) and cached
+  // bytes (allocated shrank); straight-line code, not a loop over the changed cells whose
+  // trip count changed between allocations and frees and mispredicted at every operation.
   [[gnu::always_inline]] void end_op() noexcept
   {
     const std::uint32_t t = op_touched;
     const std::uint32_t g = op_grown;
-    for (std::uint32_t b = g; b != 0; b &= b - 1) {
-      const auto i = static_cast<unsigned>(std::countr_zero(b));
-      high[i] = std::max(high[i], net[i]);
+    if ((g & hot_cells & ~split_cells) != 0) {
+      if ((g & 0xFFU) != 0) raise_pool(0);
+      if ((g & 0xFF00U) != 0) raise_pool(8);
+      raise_all(q_allocated);
+      raise_all(q_requested);
+      raise_all(q_active);
+      raise_all(q_inactive_split);
+      raise_all(q_num_allocations);
+    } else if ((g & split_cells) != 0) {
+      high[q_inactive_split] = std::max(high[q_inactive_split], net[q_inactive_split]);
+      high[8 + q_inactive_split] = std::max(high[8 + q_inactive_split], net[8 + q_inactive_split]);
+      raise_all(q_inactive_split);
     }
-    for (std::uint32_t b = (g | g >> 8) & 0xFFU; b != 0; b &= b - 1) {
-      const auto q = static_cast<unsigned>(std::countr_zero(b));
-      all_high[q] = std::max(all_high[q], net[q] + net[q + 8]);
+    if ((g & rare_cells) != 0) [[unlikely]] {
+      raise_rare(g & rare_cells);
     }
-    if ((t & cached_cells) != 0) {
+    // cached = reserved - allocated grew: allocated shrank (touched, not grown) or reserved grew
+    if ((t & ~g & allocated_cells) != 0 || (g & reserved_cells) != 0) {
       const std::int64_t large = net[q_reserved] - net[q_allocated];
       const std::int64_t small = net[8 + q_reserved] - net[8 + q_allocated];
       cached_high[0] = std::max(cached_high[0], large);
@@ -597,6 +618,60 @@ struct stat_delta {
     op_counted = false;
     ++ops;
     urgent |= ops >= k_max_ops;
+  }
+
+  // An allocation of `size` bytes for a request of `bytes` in pool `p` (0 large, 8 small).
+  [[gnu::always_inline]] void count_allocation(unsigned p, std::int64_t size, std::int64_t bytes) noexcept
+  {
+    if (op_counted) end_op();  // a second one in one operation: a boundary between them
+    net[p + q_allocated] += size;
+    net[p + q_requested] += bytes;
+    net[p + q_active] += size;
+    net[p + q_num_allocations] += 1;
+    added[p + q_allocated] += size;
+    added[p + q_requested] += bytes;
+    added[p + q_active] += size;
+    added[p + q_num_allocations] += 1;
+    constexpr std::uint32_t cells = 1U << q_allocated | 1U << q_requested | 1U << q_active | 1U << q_num_allocations;
+    op_touched |= cells << p;
+    op_grown |= cells << p;
+    urgent |= (net[p + q_allocated] > batch) | (net[p + q_requested] > batch) | (net[p + q_active] > batch);
+    op_counted = true;
+  }
+  // A free (active bytes stay until the block is back in the cache).
+  [[gnu::always_inline]] void count_free(unsigned p, std::int64_t size, std::int64_t bytes) noexcept
+  {
+    if (op_counted) end_op();
+    net[p + q_allocated] -= size;
+    net[p + q_requested] -= bytes;
+    net[p + q_num_allocations] -= 1;
+    op_touched |= (1U << q_allocated | 1U << q_requested | 1U << q_num_allocations) << p;
+    urgent |= (net[p + q_allocated] < -batch) | (net[p + q_requested] < -batch);
+    op_counted = true;
+  }
+
+ private:
+  [[gnu::always_inline]] void raise_pool(unsigned p) noexcept
+  {
+    high[p + q_allocated] = std::max(high[p + q_allocated], net[p + q_allocated]);
+    high[p + q_requested] = std::max(high[p + q_requested], net[p + q_requested]);
+    high[p + q_active] = std::max(high[p + q_active], net[p + q_active]);
+    high[p + q_inactive_split] = std::max(high[p + q_inactive_split], net[p + q_inactive_split]);
+    high[p + q_num_allocations] = std::max(high[p + q_num_allocations], net[p + q_num_allocations]);
+  }
+  [[gnu::always_inline]] void raise_all(unsigned q) noexcept
+  {
+    all_high[q] = std::max(all_high[q], net[q] + net[q + 8]);
+  }
+  [[gnu::noinline]] void raise_rare(std::uint32_t cells) noexcept
+  {
+    for (std::uint32_t b = cells; b != 0; b &= b - 1) {
+      const auto i = static_cast<unsigned>(std::countr_zero(b));
+      high[i] = std::max(high[i], net[i]);
+    }
+    for (std::uint32_t b = (cells | cells >> 8) & 0xFFU; b != 0; b &= b - 1) {
+      raise_all(static_cast<unsigned>(std::countr_zero(b)));
+    }
   }
 };
 static_assert(q_count <= 8);
@@ -683,7 +758,7 @@ struct shared_stats {
       raise(all_peak[q], get(value[q]) + get(value[q + 8]) + d.all_high[q]);
       d.all_high[q] = 0;
     }
-    if ((dirty & stat_delta::cached_cells) != 0) {
+    if ((dirty & (stat_delta::allocated_cells | stat_delta::reserved_cells)) != 0) {
       const std::int64_t large = current(q_reserved, 0) - current(q_allocated, 0);
       const std::int64_t small = current(q_reserved, 1) - current(q_allocated, 1);
       raise(cached_peak[0], large + d.cached_high[0]);
@@ -737,7 +812,10 @@ struct block_ref {
 };
 
 struct stream_cache {
-  stream_cache(native_stream s, const segment_table& t) : stream{s}, small{t} {}
+  stream_cache(native_stream s, const segment_table& t, std::size_t stats_batch)
+      : stream{s}, small{t}, delta{stats_batch}
+  {
+  }
   native_stream stream;
   cache_mutex mu;
   std::array<free_index, 2> pools;           // free linked blocks: [0] large, [1] small
@@ -801,13 +879,18 @@ class cache_lock {
   cache_lock& operator=(cache_lock&&) = delete;
   ~cache_lock()
   {
-    if (cache_ == nullptr) return;
-    stat_delta& d = cache_->delta;
+    if (cache_ != nullptr) unlock(*stats_, *cache_);
+  }
+
+  // Ends the operation under way on `c` (publishing when due) and gives back c's lock.
+  [[gnu::always_inline]] static void unlock(shared_stats& s, stream_cache& c) noexcept
+  {
+    stat_delta& d = c.delta;
     if (d.op_touched != 0) {
       d.end_op();
-      if (d.urgent) stats_->publish(d);
+      if (d.urgent) s.publish(d);
     }
-    cache_->mu.unlock();
+    c.mu.unlock();
   }
 
  private:
@@ -920,23 +1003,16 @@ struct allocator_core::impl {
   }
   // An allocation of `size` bytes for a request of `bytes` (one per operation: a second
   // one starts a new operation boundary).
-  static void count_allocation(stream_cache& c, bool small, std::size_t size, std::size_t bytes) noexcept
+  [[gnu::always_inline]] static void count_allocation(stream_cache& c, bool small, std::size_t size,
+                                                      std::size_t bytes) noexcept
   {
-    if (c.delta.op_counted) c.delta.end_op();
-    add(c, q_allocated, small, size);
-    add(c, q_requested, small, bytes);
-    add(c, q_active, small, size);
-    add(c, q_num_allocations, small, 1);
-    c.delta.op_counted = true;
+    c.delta.count_allocation(small ? 8U : 0U, static_cast<std::int64_t>(size), static_cast<std::int64_t>(bytes));
   }
   // A free (active bytes stay until the block is back in the cache).
-  static void count_free(stream_cache& c, bool small, std::size_t size, std::size_t bytes) noexcept
+  [[gnu::always_inline]] static void count_free(stream_cache& c, bool small, std::size_t size,
+                                                std::size_t bytes) noexcept
   {
-    if (c.delta.op_counted) c.delta.end_op();
-    sub(c, q_allocated, small, size);
-    sub(c, q_requested, small, bytes);
-    sub(c, q_num_allocations, small, 1);
-    c.delta.op_counted = true;
+    c.delta.count_free(small ? 8U : 0U, static_cast<std::int64_t>(size), static_cast<std::int64_t>(bytes));
   }
 
   // Before an allocation or free on `c` (no cache lock held): when this thread's previous
@@ -1022,8 +1098,7 @@ struct allocator_core::impl {
       std::unique_lock w{registry_mu};
       auto [it, inserted] = by_stream.try_emplace(s, nullptr);
       if (inserted) {
-        caches.push_back(std::make_unique<stream_cache>(s, small_table));
-        caches.back()->delta.batch = static_cast<std::int64_t>(cfg.stats_batch);
+        caches.push_back(std::make_unique<stream_cache>(s, small_table, cfg.stats_batch));
         it->second = caches.back().get();
       }
       c = it->second;
@@ -1631,6 +1706,33 @@ struct allocator_core::impl {
     return {erase ? c.live.erase(p) : c.live.find(p), nullptr, 0};
   }
 
+  // The common free, finished at once: a block of `c` (locked, an operation begun) freed on
+  // its own stream with no other stream recorded, no tracing and the size right if given.
+  // Gives the lock back and returns true; returns false, changing nothing, otherwise.
+  [[gnu::always_inline]] bool free_simple(stream_cache& c, const block_ref& b, native_stream stream, bool stream_given,
+                                          std::size_t expected) noexcept
+  {
+    if (tracing.load(std::memory_order_relaxed) || (stream_given && stream != c.stream)) return false;
+    if (b.large == nullptr) {
+      const unit_entry& e = b.seg->units[b.unit];
+      // flags exactly `head`: no other stream recorded (has_uses)
+      if (e.flags != unit_entry::head || (expected != 0 && expected != e.requested)) return false;
+      count_free(c, true, unit_bytes(e.size), e.requested);
+      small_release(c, *b.seg, b.unit);
+    } else {
+      block* k = b.large;
+      if (!k->uses.empty() || (expected != 0 && expected != k->requested)) return false;
+      count_free(c, k->seg->small, k->size, k->requested);
+      release_block(c, k);
+    }
+    cache_lock::unlock(figures, c);
+    return true;
+  }
+
+  // deallocate() past free_simple(): events for other streams, tracing, errors.
+  void free_general(const block_ref& b, cache_lock lock, native_stream stream, bool stream_given,
+                    std::size_t expected_bytes);
+
   // Finds a live block and locks the cache that holds it: first the cache of `hint` (the
   // stream named by the caller, or the calling thread's last one), then every other cache.
   // Throws depot::invalid_argument, changing nothing, when no cache holds it.
@@ -1803,7 +1905,27 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
 {
   impl& m = *impl_;
   if (ptr == nullptr) return;
-  auto [b, lock] = m.lookup(ptr, m.hint_for(stream, stream_given), true);
+  // The hinted cache first (lookup() inlined, so the common free takes one pass).
+  stream_cache* const hint = m.hint_for(stream, stream_given);
+  if (hint != nullptr) {
+    m.begin_op(*hint);
+    hint->mu.lock();
+    const block_ref b = impl::find_live(*hint, reinterpret_cast<std::uintptr_t>(ptr), true);
+    if (b.found()) {
+      if (m.free_simple(*hint, b, stream, stream_given, expected_bytes)) return;
+      m.free_general(b, cache_lock{m.figures, *hint, std::adopt_lock}, stream, stream_given, expected_bytes);
+      return;
+    }
+    hint->mu.unlock();
+  }
+  auto [b, lock] = m.lookup_elsewhere(ptr, hint, true);
+  m.free_general(b, std::move(lock), stream, stream_given, expected_bytes);
+}
+
+void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cache_lock lock, native_stream stream,
+                                        bool stream_given, std::size_t expected_bytes)
+{
+  impl& m = *this;
   stream_cache& c = impl::cache_of(b);
   const std::uintptr_t addr = impl::address_of(b);
   const std::size_t size = impl::size_of(b);
