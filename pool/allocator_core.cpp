@@ -1249,7 +1249,7 @@ struct allocator_core::impl {
       c.spare.push_back(n);
     }
     index(c, b);
-    if (releasable(*b->seg) && over_release_threshold(c)) release_segment(c, b->seg);
+    if (over_release_threshold(c) && releasable(*b->seg)) release_segment(c, b->seg);
   }
 
   void link_segment(stream_cache& c, segment* s) noexcept
@@ -1379,7 +1379,9 @@ struct allocator_core::impl {
     }
     if (const unsigned after = u + e->size; after < k_seg_units) s.units[after].prev = e->size;
     small_index(c, s, u);
-    if (releasable(s) && over_release_threshold(c)) release_small_segment(c, s);
+    // The threshold first: releasable() reads the segment's first entry, a cache miss at
+    // nearly every free of a random workload when no threshold is set.
+    if (over_release_threshold(c) && releasable(s)) release_small_segment(c, s);
   }
 
   // Returns a whole free small segment to the upstream (caller holds c.mu).
@@ -1489,46 +1491,65 @@ struct allocator_core::impl {
     }
   }
 
-  // A whole free segment of another stream, moved to `c` once the device is idle.
-  // Both caches are locked with try_lock (never blocking while holding one), so this cannot
-  // deadlock with lock_all(), and the segment is never in neither cache.
+  // Whole free segments of another stream, moved to `c` once the device is idle, then the
+  // block taken from `c`. Every whole free segment of the kind asked for (dense, linked
+  // small, large) moves at once: one device synchronisation for all of them, where one per
+  // segment cost a synchronisation per segment to a thread that moved to a new stream (a
+  // benchmark's repetition, a code that makes a stream per phase). The victim's spare block
+  // records go along when `c` has none. Both caches are locked with try_lock (never blocking
+  // while holding one), so this cannot deadlock with lock_all(), and a segment is never in
+  // neither cache.
   block_ref steal(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
   {
     std::shared_lock r{registry_mu};
+    const bool want_dense = dense(size);
     for (auto& other : caches) {
       if (other.get() == &c) continue;
       if (std::try_lock(other->mu, c.mu) != -1) continue;
       const cache_lock other_lock{figures, *other, std::adopt_lock};
       const cache_lock own_lock{figures, c, std::adopt_lock};
-      // The segment's last frees were ordered on the other stream, which its owner may
+      // The segments' last frees were ordered on the other stream, which its owner may
       // have destroyed since (a raw handle cannot tell): order by finishing the device's
       // work instead. This is the miss path, in place of an upstream allocation.
-      if (dense(size)) {
-        for (auto [addr, s] : other->small_dir) {
-          if (!s->whole_free()) continue;
-          c.reserve_small();  // the move below cannot fail
-          if (async) up->synchronize_device();
-          small_unindex(*other, *s, 0);
-          other->remove_small(s);
-          c.add_small(s);
-          small_hand_out(c, *s, 0, static_cast<unsigned>(size >> k_unit_shift), bytes);
-          return {nullptr, s, 0};
-        }
-        continue;
-      }
-      for (segment* s = other->segments; s != nullptr; s = s->lnext) {
-        block* b = s->head;
-        if (s->small != small || !b->whole() || b->state != block_state::free || b->size < size ||
-            (!small && oversize(b, size))) {
-          continue;
-        }
+      if (want_dense) {
+        auto& from = other->small_dir;
+        const auto n = static_cast<std::size_t>(
+            std::count_if(from.begin(), from.end(), [](const auto& d) { return d.second->whole_free(); }));
+        if (n == 0) continue;
+        c.small_dir.reserve(c.small_dir.size() + n);  // may throw: nothing changed yet
         if (async) up->synchronize_device();
-        unindex(*other, b);
-        unlink_segment(*other, s);
-        link_segment(c, s);
-        hand_out(c, b, size, bytes);
-        return {b, nullptr, 0};
+        const auto mid = static_cast<std::ptrdiff_t>(c.small_dir.size());
+        std::erase_if(from, [&](const auto& d) {
+          small_segment* s = d.second;
+          if (!s->whole_free()) return false;
+          small_unindex(*other, *s, 0);
+          c.small_dir.push_back(d);  // capacity reserved above
+          s->cache = &c;
+          small_index(c, *s, 0);
+          return true;
+        });
+        std::inplace_merge(c.small_dir.begin(), c.small_dir.begin() + mid, c.small_dir.end());
+      } else {
+        const auto movable = [small](const segment* s) {
+          return s->small == small && s->head->whole() && s->head->state == block_state::free;
+        };
+        bool any = false;
+        for (const segment* s = other->segments; s != nullptr && !any; s = s->lnext) any = movable(s);
+        if (!any) continue;
+        if (async) up->synchronize_device();
+        for (segment* s = other->segments; s != nullptr;) {
+          segment* next = s->lnext;
+          if (movable(s)) {
+            unindex(*other, s->head);
+            unlink_segment(*other, s);
+            link_segment(c, s);
+            index(c, s->head);
+          }
+          s = next;
+        }
+        if (c.spare.empty()) c.spare.swap(other->spare);
       }
+      if (block_ref b = take(c, size, small, bytes); b.found()) return b;
     }
     return {};
   }
