@@ -21,9 +21,10 @@
 // segments change or the thread moves to another cache); stats() and snapshot() take every
 // cache lock and stats() publishes every cache first, so the two agree.
 // Streams: a block freed on its own stream is reusable at once on that stream; a block
-// that record_stream() marked as used by other streams waits for events on them. A whole
-// free segment of another stream can be taken over once the device has finished its queued
-// work (the old stream may be gone), so memory is not stranded when streams come and go.
+// that record_stream() marked as used by other streams waits for events on them. Whole
+// free segments of another stream are taken over (all of a pool's at once) once the device
+// has finished its queued work (the old stream may be gone), so memory is not stranded when
+// streams come and go.
 #include <depot/hal/expects.hpp>
 #include <depot/hal/format_bytes.hpp>
 #include <depot/hal/out_of_memory.hpp>
@@ -632,7 +633,8 @@ struct stat_delta {
     added[p + q_requested] += bytes;
     added[p + q_active] += size;
     added[p + q_num_allocations] += 1;
-    constexpr std::uint32_t cells = 1U << q_allocated | 1U << q_requested | 1U << q_active | 1U << q_num_allocations;
+    constexpr std::uint32_t cells =
+        1U << q_allocated | 1U << q_requested | 1U << q_active | 1U << q_num_allocations;
     op_touched |= cells << p;
     op_grown |= cells << p;
     urgent |= (net[p + q_allocated] > batch) | (net[p + q_requested] > batch) | (net[p + q_active] > batch);
@@ -1006,7 +1008,8 @@ struct allocator_core::impl {
   [[gnu::always_inline]] static void count_allocation(stream_cache& c, bool small, std::size_t size,
                                                       std::size_t bytes) noexcept
   {
-    c.delta.count_allocation(small ? 8U : 0U, static_cast<std::int64_t>(size), static_cast<std::int64_t>(bytes));
+    c.delta.count_allocation(small ? 8U : 0U, static_cast<std::int64_t>(size),
+                             static_cast<std::int64_t>(bytes));
   }
   // A free (active bytes stay until the block is back in the cache).
   [[gnu::always_inline]] static void count_free(stream_cache& c, bool small, std::size_t size,
@@ -1495,10 +1498,10 @@ struct allocator_core::impl {
   // block taken from `c`. Every whole free segment of the kind asked for (dense, linked
   // small, large) moves at once: one device synchronisation for all of them, where one per
   // segment cost a synchronisation per segment to a thread that moved to a new stream (a
-  // benchmark's repetition, a code that makes a stream per phase). The victim's spare block
-  // records go along when `c` has none. Both caches are locked with try_lock (never blocking
-  // while holding one), so this cannot deadlock with lock_all(), and a segment is never in
-  // neither cache.
+  // benchmark's repetition, a code that makes a stream per phase). (Taking the victim's
+  // spare block records along measured slower: they are cold.) Both caches are locked with
+  // try_lock (never blocking while holding one), so this cannot deadlock with lock_all(),
+  // and a segment is never in neither cache.
   block_ref steal(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
   {
     std::shared_lock r{registry_mu};
@@ -1547,7 +1550,6 @@ struct allocator_core::impl {
           }
           s = next;
         }
-        if (c.spare.empty()) c.spare.swap(other->spare);
       }
       if (block_ref b = take(c, size, small, bytes); b.found()) return b;
     }
@@ -1730,8 +1732,8 @@ struct allocator_core::impl {
   // The common free, finished at once: a block of `c` (locked, an operation begun) freed on
   // its own stream with no other stream recorded, no tracing and the size right if given.
   // Gives the lock back and returns true; returns false, changing nothing, otherwise.
-  [[gnu::always_inline]] bool free_simple(stream_cache& c, const block_ref& b, native_stream stream, bool stream_given,
-                                          std::size_t expected) noexcept
+  [[gnu::always_inline]] bool free_simple(stream_cache& c, const block_ref& b, native_stream stream,
+                                          bool stream_given, std::size_t expected) noexcept
   {
     if (tracing.load(std::memory_order_relaxed) || (stream_given && stream != c.stream)) return false;
     if (b.large == nullptr) {
@@ -1943,8 +1945,8 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
   m.free_general(b, std::move(lock), stream, stream_given, expected_bytes);
 }
 
-void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cache_lock lock, native_stream stream,
-                                        bool stream_given, std::size_t expected_bytes)
+void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cache_lock lock,
+                                        native_stream stream, bool stream_given, std::size_t expected_bytes)
 {
   impl& m = *this;
   stream_cache& c = impl::cache_of(b);

@@ -1053,6 +1053,59 @@ TEST_CASE_TEMPLATE("pool: streams that come and go do not strand memory", D, DEP
   check_invariants(a);
 }
 
+// A stream that finds no fitting block takes over every whole free segment of the pool it
+// asks for from another stream's cache at once (one wait for the device, not one per segment).
+TEST_CASE_TEMPLATE("pool: a new stream takes over all of another stream's whole free segments", D,
+                   DEPOT_TEST_DEVICES)
+{
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  depot::stream<D> s1;
+  depot::stream<D> s2;
+  const auto on = [&](const depot::stream<D>& s, bool small_pool) {
+    std::size_t n = 0;
+    for (const auto& seg : a.snapshot().segments) {
+      const bool here = seg.stream == reinterpret_cast<std::uintptr_t>(s.native());
+      n += here && seg.small_pool == small_pool ? 1 : 0;
+    }
+    return n;
+  };
+  std::vector<void*> dense;   // 60 KiB: dense small segments, 34 to a segment
+  std::vector<void*> linked;  // 700 KiB: linked small segments, 2 to a segment
+  for (int i = 0; i < 100; ++i) dense.push_back(a.allocate(60 * KiB, s1));
+  for (int i = 0; i < 6; ++i) linked.push_back(a.allocate(700 * KiB, s1));
+  void* keep = a.allocate(4 * KiB, s1);  // its segment is not whole free: it stays on s1
+  for (void* p : dense) a.deallocate(p, s1);
+  for (void* p : linked) a.deallocate(p, s1);
+  s1.synchronize();
+  const auto before = a.stats();
+  const std::size_t small_on_s1 = on(s1, true);
+  REQUIRE(small_on_s1 >= 3 + 3);  // >= 3 dense and 3 linked segments
+  CHECK(on(s2, true) == 0);
+
+  void* d = a.allocate(8 * KiB, s2);  // dense: every whole free dense segment moves
+  check_invariants(a);
+  const std::size_t moved_dense = on(s2, true);
+  CHECK(moved_dense >= 2);  // the 100 blocks spanned at least 3 segments, one keeps `keep`
+  CHECK(on(s1, true) == small_on_s1 - moved_dense);
+  void* l = a.allocate(700 * KiB, s2);  // linked small: the 3 linked segments move
+  check_invariants(a);
+  CHECK(on(s2, true) == moved_dense + 3);
+  CHECK(on(s1, true) == small_on_s1 - moved_dense - 3);
+  const auto after = a.stats();
+  CHECK(after.reserved_bytes.all.current == before.reserved_bytes.all.current);  // no growth
+  CHECK(after.num_segments.all.current == before.num_segments.all.current);
+  CHECK(after.num_cache_misses == before.num_cache_misses + 2);  // one per kind, not one per segment
+  for (int i = 0; i < 60; ++i) dense.push_back(a.allocate(60 * KiB, s2));  // served by moved segments
+  CHECK(a.stats().num_segments.all.current == before.num_segments.all.current);
+  for (std::size_t i = 100; i < dense.size(); ++i) a.deallocate(dense[i], s2);
+  a.deallocate(d, s2);
+  a.deallocate(l, s2);
+  a.deallocate(keep, s1);
+  check_invariants(a);
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+}
+
 TEST_CASE_TEMPLATE("pool: producer and consumer on two streams", D, DEPOT_TEST_DEVICES)
 {
   depot::caching_allocator<D> a{0, quiet_config<D>()};
