@@ -7,11 +7,10 @@
 // (upstream allocations) it owns, cut into blocks, and three free indexes. Requests up to
 // 64 KiB come from dense small segments (2 MiB, one 16-byte entry per 512-byte unit in
 // address order, exact-size free lists with bitmaps: the best fit in O(1)), so a free
-// touches its own entry and its neighbours' in one or two cache lines and finds the block
-// by a search of a short sorted table rather than a hash probe. Larger small requests
-// (to 1 MiB) and the large pool use linked block records and a two-level segregated fit
-// (power of two, 16 subdivisions, bitmaps): O(1) as well, with few records that stay in
-// cache.
+// touches its own entry and its neighbours' and finds the block's segment by its 2 MiB
+// frame (one or two probes of a per-cache table). Larger small requests (to 1 MiB) and
+// the large pool use linked block records and a two-level segregated fit (power of two,
+// 16 subdivisions, bitmaps): O(1) as well, with few records that stay in cache.
 // Locks: each stream_cache has its own mutex and its own table of the blocks it handed out,
 // so an allocation or a free on one stream takes one lock, and threads on different streams
 // never meet; a free from another stream searches the other caches. Growth (upstream calls,
@@ -281,8 +280,8 @@ class address_table {
 // A small segment (2 MiB) is 4096 units of 512 bytes. Its blocks are described by an array
 // with one 16-byte entry per unit, valid at each block's first unit (its head): freeing a
 // block reads its entry and its neighbours' entries, which sit next to it in memory, and
-// finding a live block from its address is a search of a short sorted table of segments
-// and an index into the array. No per-block records, no hash table: at most a couple of
+// finding a live block from its address is a probe of a per-cache table of segments by
+// 2 MiB frame and an index into the array. No per-block records or hash entries: a few
 // cache misses per allocate+free pair, where linked records took five or six.
 constexpr unsigned k_unit_shift = 9;
 constexpr unsigned k_seg_units = static_cast<unsigned>(k_small_segment >> k_unit_shift);  // 4096
