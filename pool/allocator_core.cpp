@@ -628,10 +628,14 @@ struct stat_delta {
     urgent |= ops >= k_max_ops;
   }
 
-  // An allocation of `size` bytes for a request of `bytes` in pool `p` (0 large, 8 small).
-  [[gnu::always_inline]] void count_allocation(unsigned p, std::int64_t size, std::int64_t bytes) noexcept
+  // An allocation of `size_bytes` bytes for a request of `requested` bytes in the small or
+  // large pool (one per operation: a second one starts a new operation boundary).
+  [[gnu::always_inline]] void count_allocation(bool small, std::size_t size_bytes, std::size_t requested) noexcept
   {
     if (op_counted) end_op();  // a second one in one operation: a boundary between them
+    const unsigned p = small ? 8U : 0U;
+    const auto size = static_cast<std::int64_t>(size_bytes);
+    const auto bytes = static_cast<std::int64_t>(requested);
     net[p + q_allocated] += size;
     net[p + q_requested] += bytes;
     net[p + q_active] += size;
@@ -648,9 +652,12 @@ struct stat_delta {
     op_counted = true;
   }
   // A free (active bytes stay until the block is back in the cache).
-  [[gnu::always_inline]] void count_free(unsigned p, std::int64_t size, std::int64_t bytes) noexcept
+  [[gnu::always_inline]] void count_free(bool small, std::size_t size_bytes, std::size_t requested) noexcept
   {
     if (op_counted) end_op();
+    const unsigned p = small ? 8U : 0U;
+    const auto size = static_cast<std::int64_t>(size_bytes);
+    const auto bytes = static_cast<std::int64_t>(requested);
     net[p + q_allocated] -= size;
     net[p + q_requested] -= bytes;
     net[p + q_num_allocations] -= 1;
@@ -897,6 +904,26 @@ struct stream_cache {
     small_dir.reserve(small_dir.size() + n);
     small_frames.reserve(n);
   }
+  // Moves the small segments of `from` that `pick` selects to this cache, keeping both
+  // caches' indexes of them (small_dir in address order, small_frames); `moved(s)` runs on
+  // each as it moves (both caches locked). Call reserve_small(n) for them first: then this
+  // cannot fail.
+  template <class Pick, class Moved>
+  void take_small_from(stream_cache& from, Pick pick, Moved moved) noexcept
+  {
+    const auto mid = static_cast<std::ptrdiff_t>(small_dir.size());
+    std::erase_if(from.small_dir, [&](const auto& d) {
+      small_segment* s = d.second;
+      if (!pick(*s)) return false;
+      from.small_frames.erase(frame_key(s->addr));
+      small_dir.push_back(d);  // capacity reserved
+      small_frames.insert(frame_key(s->addr), s);
+      s->cache = this;
+      moved(*s);
+      return true;
+    });
+    std::inplace_merge(small_dir.begin(), small_dir.begin() + mid, small_dir.end());
+  }
   void remove_small(small_segment* s) noexcept
   {
     auto it = std::lower_bound(small_dir.begin(), small_dir.end(), s->addr,
@@ -922,21 +949,24 @@ class cache_lock {
   cache_lock& operator=(cache_lock&&) = delete;
   ~cache_lock()
   {
-    if (cache_ != nullptr) unlock(*stats_, *cache_);
+    if (cache_ != nullptr) give_back();
   }
-
-  // Ends the operation under way on `c` (publishing when due) and gives back c's lock.
-  [[gnu::always_inline]] static void unlock(shared_stats& s, stream_cache& c) noexcept
+  // Ends the operation under way on the cache (publishing when due) and gives back its
+  // lock, leaving this empty. Inlined where the caller's code tells the compiler which
+  // figures the operation changed (the common free's); the destructor calls it out of line.
+  [[gnu::always_inline]] void unlock() noexcept
   {
-    stat_delta& d = c.delta;
+    stat_delta& d = cache_->delta;
     if (d.op_touched != 0) {
       d.end_op();
-      if (d.urgent) s.publish(d);
+      if (d.urgent) stats_->publish(d);
     }
-    c.mu.unlock();
+    std::exchange(cache_, nullptr)->mu.unlock();
   }
+  [[nodiscard]] stream_cache& cache() const noexcept { return *cache_; }
 
  private:
+  [[gnu::noinline]] void give_back() noexcept { unlock(); }
   shared_stats* stats_ = nullptr;
   stream_cache* cache_ = nullptr;
 };
@@ -1044,21 +1074,6 @@ struct allocator_core::impl {
     d.op_touched |= 1U << i;
     d.urgent |= q == q_reserved || q == q_num_segments || d.net[i] < -d.batch;
   }
-  // An allocation of `size` bytes for a request of `bytes` (one per operation: a second
-  // one starts a new operation boundary).
-  [[gnu::always_inline]] static void count_allocation(stream_cache& c, bool small, std::size_t size,
-                                                      std::size_t bytes) noexcept
-  {
-    c.delta.count_allocation(small ? 8U : 0U, static_cast<std::int64_t>(size),
-                             static_cast<std::int64_t>(bytes));
-  }
-  // A free (active bytes stay until the block is back in the cache).
-  [[gnu::always_inline]] static void count_free(stream_cache& c, bool small, std::size_t size,
-                                                std::size_t bytes) noexcept
-  {
-    c.delta.count_free(small ? 8U : 0U, static_cast<std::int64_t>(size), static_cast<std::int64_t>(bytes));
-  }
-
   // Before an allocation or free on `c` (no cache lock held): when this thread's previous
   // one here was on another cache, that cache's delta is published, so at most one cache
   // holds a thread's unpublished changes and one thread's peaks are exact (the thread
@@ -1247,7 +1262,7 @@ struct allocator_core::impl {
     b->requested = bytes;
     b->t_alloc = tracing.load(std::memory_order_relaxed) ? now_ns() : 0;
     c.live.insert(b->addr, b);  // may throw (growth) before anything is counted
-    count_allocation(c, b->seg->small, b->size, bytes);
+    c.delta.count_allocation(b->seg->small, b->size, bytes);
   }
 
   block* take_free(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
@@ -1384,7 +1399,7 @@ struct allocator_core::impl {
     e.pending = 0;
     e.requested = static_cast<std::uint32_t>(bytes);
     if (s.t_alloc) s.t_alloc[u] = traced ? now_ns() : 0;
-    count_allocation(c, true, unit_bytes(units), bytes);
+    c.delta.count_allocation(true, unit_bytes(units), bytes);
   }
 
   block_ref small_take_free(stream_cache& c, unsigned units, std::size_t bytes)
@@ -1562,19 +1577,12 @@ struct allocator_core::impl {
         if (n == 0) continue;
         c.reserve_small(n);  // may throw: nothing changed yet
         if (async) up->synchronize_device();
-        const auto mid = static_cast<std::ptrdiff_t>(c.small_dir.size());
-        std::erase_if(from, [&](const auto& d) {
-          small_segment* s = d.second;
-          if (!s->whole_free()) return false;
-          small_unindex(*other, *s, 0);
-          other->small_frames.erase(stream_cache::frame_key(s->addr));
-          c.small_dir.push_back(d);  // capacity reserved above
-          c.small_frames.insert(stream_cache::frame_key(s->addr), s);
-          s->cache = &c;
-          small_index(c, *s, 0);
-          return true;
-        });
-        std::inplace_merge(c.small_dir.begin(), c.small_dir.begin() + mid, c.small_dir.end());
+        c.take_small_from(
+            *other, [](const small_segment& s) { return s.whole_free(); },
+            [&](small_segment& s) {
+              small_unindex(*other, s, 0);
+              small_index(c, s, 0);
+            });
       } else {
         const auto movable = [small](const segment* s) {
           return s->small == small && s->head->whole() && s->head->state == block_state::free;
@@ -1772,26 +1780,27 @@ struct allocator_core::impl {
     return {erase ? c.live.erase(p) : c.live.find(p), nullptr, 0};
   }
 
-  // The common free, finished at once: a block of `c` (locked, an operation begun) freed on
-  // its own stream with no other stream recorded, no tracing and the size right if given.
-  // Gives the lock back and returns true; returns false, changing nothing, otherwise.
-  [[gnu::always_inline]] bool free_simple(stream_cache& c, const block_ref& b, native_stream stream,
+  // The common free, finished at once: a block of the locked cache (an operation begun)
+  // freed on its own stream with no other stream recorded, no tracing and the size right if
+  // given. Returns true, the lock given back; returns false, changing nothing, otherwise.
+  [[gnu::always_inline]] bool free_simple(cache_lock& lock, const block_ref& b, native_stream stream,
                                           bool stream_given, std::size_t expected) noexcept
   {
+    stream_cache& c = lock.cache();
     if (tracing.load(std::memory_order_relaxed) || (stream_given && stream != c.stream)) return false;
     if (b.large == nullptr) {
       const unit_entry& e = b.seg->units[b.unit];
       // flags exactly `head`: no other stream recorded (has_uses)
       if (e.flags != unit_entry::head || (expected != 0 && expected != e.requested)) return false;
-      count_free(c, true, unit_bytes(e.size), e.requested);
+      c.delta.count_free(true, unit_bytes(e.size), e.requested);
       small_release(c, *b.seg, b.unit);
     } else {
       block* k = b.large;
       if (!k->uses.empty() || (expected != 0 && expected != k->requested)) return false;
-      count_free(c, k->seg->small, k->size, k->requested);
+      c.delta.count_free(k->seg->small, k->size, k->requested);
       release_block(c, k);
     }
-    cache_lock::unlock(figures, c);
+    lock.unlock();
     return true;
   }
 
@@ -1813,11 +1822,19 @@ struct allocator_core::impl {
   // The live block at ptr in cache c, locked; or nothing, with c unlocked again.
   std::pair<block_ref, cache_lock> lookup_in(stream_cache& c, void* ptr, bool erase)
   {
-    begin_op(c);
-    cache_lock g{figures, c};
-    const block_ref b = find_live(c, reinterpret_cast<std::uintptr_t>(ptr), erase);
+    const block_ref b = find_locked(c, ptr, erase);
     if (!b.found()) return {b, cache_lock{}};
-    return {b, std::move(g)};
+    return {b, cache_lock{figures, c, std::adopt_lock}};
+  }
+  // lookup_in() without the pair: c's lock is held when a block was found (an operation
+  // begun), given back when not.
+  [[gnu::always_inline]] block_ref find_locked(stream_cache& c, void* ptr, bool erase) noexcept
+  {
+    begin_op(c);
+    c.mu.lock();
+    const block_ref b = find_live(c, reinterpret_cast<std::uintptr_t>(ptr), erase);
+    if (!b.found()) c.mu.unlock();
+    return b;
   }
 
   // lookup() past the hinted cache: every other cache, or the error.
@@ -1971,18 +1988,16 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
 {
   impl& m = *impl_;
   if (ptr == nullptr) return;
-  // The hinted cache first (lookup() inlined, so the common free takes one pass).
+  // The hinted cache first, inline (lookup() without its pair), so the common free takes
+  // one pass and the compiler sees which figures it changed.
   stream_cache* const hint = m.hint_for(stream, stream_given);
   if (hint != nullptr) {
-    m.begin_op(*hint);
-    hint->mu.lock();
-    const block_ref b = impl::find_live(*hint, reinterpret_cast<std::uintptr_t>(ptr), true);
-    if (b.found()) {
-      if (m.free_simple(*hint, b, stream, stream_given, expected_bytes)) return;
-      m.free_general(b, cache_lock{m.figures, *hint, std::adopt_lock}, stream, stream_given, expected_bytes);
+    if (const block_ref b = m.find_locked(*hint, ptr, true); b.found()) {
+      cache_lock lock{m.figures, *hint, std::adopt_lock};
+      if (m.free_simple(lock, b, stream, stream_given, expected_bytes)) return;
+      m.free_general(b, std::move(lock), stream, stream_given, expected_bytes);
       return;
     }
-    hint->mu.unlock();
   }
   auto [b, lock] = m.lookup_elsewhere(ptr, hint, true);
   m.free_general(b, std::move(lock), stream, stream_given, expected_bytes);
@@ -2007,7 +2022,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
   }
   // Counted as freed just before the block changes state (after the calls above and below
   // that may throw, block or allocate).
-  auto count_free = [&] { impl::count_free(c, small, size, requested); };
+  auto count_free = [&] { c.delta.count_free(small, size, requested); };
   if (m.tracing.load(std::memory_order_relaxed)) {
     trace_event e = m.event_of(trace_kind::free, addr, size, requested, c.stream);
     const std::uint64_t t = dense ? (b.seg->t_alloc ? b.seg->t_alloc[b.unit] : 0) : b.large->t_alloc;
