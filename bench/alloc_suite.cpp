@@ -5,9 +5,10 @@
 // hipMallocAsync, release threshold = the live-byte cap) and, where built in, PyTorch's
 // CUDACachingAllocator. Per (N, max size): 2N operations; allocate (73 %) while fewer than N
 // were made and the live bytes stay under the cap, otherwise free a random live block;
-// sizes uniform in [1, max]; seeded std::default_random_engine. Wall time of the whole
-// sequence over N = time per allocate+free pair: one warm-up run, then the median of
-// --alloc-reps timed runs (each run creates its streams anew, as short-lived code does).
+// sizes uniform in [1, max]; seeded std::default_random_engine, drawn into a sequence of
+// steps before the clock starts. Wall time of the whole sequence over N = time per
+// allocate+free pair: one warm-up run, then the median of --alloc-reps timed runs (each
+// run creates its streams anew, as short-lived code does, before its clock starts).
 #include "bench_result.hpp"
 
 #include <depot/config.hpp>
@@ -16,6 +17,7 @@
 #include <depot/pool/caching_allocator.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -45,43 +47,72 @@ struct allocator_under_test {
   std::function<void()> reset;  // between configurations (release cached memory)
 };
 
-// One run of the workload; returns seconds. Allocations go to the streams in turn; a block
-// is freed on the stream it was allocated on.
-double run_workload(const allocator_under_test& a, std::size_t n, std::size_t max_size,
-                    std::size_t cap, unsigned seed, const std::vector<native_stream>& streams)
+// One step of the workload: allocate `size` bytes on streams[stream], or (size 0) free the
+// live block at index k of the table of live blocks (the last one takes its place).
+struct workload_step {
+  std::size_t size;
+  std::uint32_t k;
+  std::uint32_t stream;
+};
+
+// The whole sequence of steps, drawn before the clock starts (the random numbers' integer
+// divisions cost a quarter of the pair time of a fast allocator when drawn in the timed
+// loop). Allocations go to the streams in turn; a block is freed on the stream it was
+// allocated on.
+std::vector<workload_step> make_workload(std::size_t n, std::size_t max_size, std::size_t cap, unsigned seed,
+                                         std::size_t streams)
 {
   std::default_random_engine rng{seed};
   std::uniform_int_distribution<std::size_t> size_dist{1, max_size};
   std::uniform_int_distribution<int> percent{0, 99};
-  struct live_block {
-    void* p;
-    std::size_t size;
-    native_stream stream;
-  };
-  std::vector<live_block> live;
+  std::vector<std::size_t> live;  // sizes of the live blocks
   live.reserve(n);
+  std::vector<workload_step> steps;
+  steps.reserve(2 * n);
   std::size_t made = 0;
   std::size_t live_bytes = 0;
-  const auto t0 = std::chrono::steady_clock::now();
   while (made < n || !live.empty()) {
     const std::size_t size = size_dist(rng);
     const bool want_alloc = made < n && (live.empty() || percent(rng) < 73);
     if (want_alloc && live_bytes + size <= cap) {
-      const native_stream stream = streams[made % streams.size()];
-      live.push_back({a.allocate(size, stream), size, stream});
+      steps.push_back({size, 0, static_cast<std::uint32_t>(made % streams)});
+      live.push_back(size);
       live_bytes += size;
       ++made;
     } else if (!live.empty()) {
       const std::size_t k = std::uniform_int_distribution<std::size_t>{0, live.size() - 1}(rng);
-      a.deallocate(live[k].p, live[k].stream);
-      live_bytes -= live[k].size;
+      steps.push_back({0, static_cast<std::uint32_t>(k), 0});
+      live_bytes -= live[k];
       live[k] = live.back();
       live.pop_back();
     } else {
       ++made;  // a single request above the cap: skip it
     }
   }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return steps;
+}
+
+// One run of the steps (the timed part).
+void run_workload(const allocator_under_test& a, const std::vector<workload_step>& steps,
+                  const std::vector<native_stream>& streams)
+{
+  struct live_block {
+    void* p;
+    native_stream stream;
+  };
+  std::vector<live_block> live;
+  live.reserve(steps.size() / 2 + 1);
+  for (const workload_step& w : steps) {
+    if (w.size != 0) {
+      const native_stream stream = streams[w.stream];
+      live.push_back({a.allocate(w.size, stream), stream});
+    } else {
+      const live_block b = live[w.k];
+      a.deallocate(b.p, b.stream);
+      live[w.k] = live.back();
+      live.pop_back();
+    }
+  }
 }
 
 template <device D>
@@ -144,8 +175,9 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
   std::printf(" %9s", "workload");
   for (const auto& a : allocators) std::printf(" %14s %7s", a.name.c_str(), "ratio");
   std::printf("\n");
-  // The workload alone (random numbers, the table of live blocks) with an allocator that
-  // does nothing: the floor under every allocator's figure, measured the same way.
+  // The workload alone (the replay of the steps: the calls through std::function, the table
+  // of live blocks) with an allocator that does nothing: the floor under every allocator's
+  // figure, measured the same way (one thread's sequence, per pair).
   std::uintptr_t fake = 4096;
   const allocator_under_test floor{"workload",
                                    [&fake](std::size_t, native_stream) {
@@ -158,35 +190,50 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
       std::printf("  %8zu %9s", n, (std::to_string(max_size >> 10) + " KiB").c_str());
       double depot_us = 0;
       double floor_us = 0;
-      for (const auto* ap : std::vector<const allocator_under_test*>{&floor}) {
+      const auto threads_n = static_cast<std::size_t>(opts.threads);
+      const auto streams_n = static_cast<std::size_t>(opts.alloc_streams);
+      std::vector<std::vector<workload_step>> steps;  // per thread, drawn before any clock
+      for (std::size_t t = 0; t < threads_n; ++t) {
+        steps.push_back(make_workload(n / threads_n, max_size, cap / threads_n, opts.seed + static_cast<unsigned>(t),
+                                      streams_n));
+      }
+      {
         std::vector<double> runs;
-        const std::vector<native_stream> no_streams(static_cast<std::size_t>(opts.alloc_streams));
+        const std::vector<native_stream> no_streams(streams_n);
         for (int rep = 0; rep <= opts.alloc_reps; ++rep) {
           const auto t0 = std::chrono::steady_clock::now();
-          (void)run_workload(*ap, n, max_size, cap, opts.seed, no_streams);
-          if (rep > 0) runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          run_workload(floor, steps[0], no_streams);
+          if (rep > 0) {
+            runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          }
         }
-        floor_us = median(runs) * 1e6 / static_cast<double>(n);
+        floor_us = median(runs) * 1e6 / static_cast<double>(n / threads_n);
         std::printf(" %9.3f", floor_us);
       }
       for (const auto& a : allocators) {
         a.reset();
         std::vector<double> runs;
         for (int rep = 0; rep <= opts.alloc_reps; ++rep) {  // run 0 warms the cache, untimed
+          // Each thread makes its streams (anew each run, as short-lived code does), then
+          // waits for the others; the clock runs from the start signal to the last join.
           std::vector<std::thread> threads;
-          const auto t0 = std::chrono::steady_clock::now();
-          for (int t = 0; t < opts.threads; ++t) {
+          std::atomic<int> ready{0};
+          std::atomic<bool> go{false};
+          for (std::size_t t = 0; t < threads_n; ++t) {
             threads.emplace_back([&, t] {
               std::vector<stream<D>> own;
-              own.reserve(static_cast<std::size_t>(opts.alloc_streams));
+              own.reserve(streams_n);
               std::vector<native_stream> handles;
-              for (int k = 0; k < opts.alloc_streams; ++k) handles.push_back(own.emplace_back(device).native());
-              (void)run_workload(a, n / static_cast<std::size_t>(opts.threads), max_size,
-                                 cap / static_cast<std::size_t>(opts.threads),
-                                 opts.seed + static_cast<unsigned>(t), handles);
+              for (std::size_t k = 0; k < streams_n; ++k) handles.push_back(own.emplace_back(device).native());
+              ready.fetch_add(1);
+              while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+              run_workload(a, steps[t], handles);
               for (auto& s : own) s.synchronize();
             });
           }
+          while (ready.load() < opts.threads) std::this_thread::yield();
+          const auto t0 = std::chrono::steady_clock::now();
+          go.store(true, std::memory_order_release);
           for (auto& th : threads) th.join();
           if (rep > 0) runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
