@@ -36,6 +36,7 @@
 #include <atomic>
 #include <bit>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -70,6 +71,7 @@ constexpr std::size_t k_large_segment = std::size_t{20} << 20;  // ... 20 MiB se
 constexpr std::size_t k_large_round = std::size_t{2} << 20;
 constexpr std::size_t k_max_request = std::size_t{1} << 56;     // refused above: no wrap
 constexpr std::size_t k_oversize_slack = std::size_t{20} << 20;
+constexpr std::size_t k_block_chunk = 64;  // block records made at once
 constexpr auto k_unlimited = std::numeric_limits<std::size_t>::max();
 
 std::uint64_t now_ns()
@@ -89,7 +91,11 @@ std::string hex(std::uintptr_t v)
 struct segment;
 struct stream_cache;
 
-struct block {
+// A block record of a linked segment. Two cache lines: the first holds all that a free, a
+// merge and the free index read or write (the block's and its neighbours'), the second what
+// only a split, record_stream and tracing need, so a free of a random block misses the
+// first line of it and of its neighbours only.
+struct alignas(64) block {
   std::uintptr_t addr = 0;
   std::size_t size = 0;
   std::size_t requested = 0;
@@ -97,14 +103,19 @@ struct block {
   block* next = nullptr;
   block* fprev = nullptr;  // free-index list links
   block* fnext = nullptr;
-  segment* seg = nullptr;
   block_state state = block_state::free;
   bool counted_split = false;  // counted in inactive_split_bytes while indexed
-  int pending = 0;             // events outstanding before it may be reused
+  bool small = false;          // seg->small, kept here: a free need not read the segment record
+  bool has_uses = false;       // `uses` may be non-empty (set before a stream is added)
+  bool timed = false;          // t_alloc holds the allocation's time (tracing was on)
+  std::uint16_t pending = 0;   // events outstanding before it may be reused
+  // the second line
+  segment* seg = nullptr;
   std::vector<native_stream> uses;  // other streams that used it (record_stream)
   std::uint64_t t_alloc = 0;
   [[nodiscard]] bool whole() const noexcept { return prev == nullptr && next == nullptr; }
 };
+static_assert(offsetof(block, seg) == 64, "a free's fields fill the first cache line");
 
 struct segment {  // of the large pool, or of the small pool's linked part
   std::uintptr_t addr = 0;
@@ -867,7 +878,10 @@ struct stream_cache {
   segment* segments = nullptr;               // linked segments
   std::vector<std::pair<std::uintptr_t, small_segment*>> small_dir;  // small segments by address
   std::vector<std::pair<native_event, block_ref>> pending;
-  std::vector<block*> spare;  // recycled block records
+  block* spare = nullptr;  // recycled block records, linked through `next`
+  // The block records this cache made, k_block_chunk to a heap allocation. A record moves
+  // to another cache with its segment; all of them live as long as the allocator.
+  std::vector<std::unique_ptr<block[]>> block_chunks;
   address_table<block, 9> live;  // the large blocks of this cache that are handed out, by address
   // The small segments by the 2 MiB frame their address falls in (+ 1): at most one starts
   // in a frame, so a pointer's segment is the one starting in its frame or the one before.
@@ -875,6 +889,21 @@ struct stream_cache {
   std::unordered_map<std::uintptr_t, std::vector<native_stream>> small_uses;  // record_stream
   std::int64_t hits = 0;      // allocations served from this cache without growing
   stat_delta delta;           // statistics changed by the operation under way
+
+  void recycle(block* b) noexcept
+  {
+    b->next = spare;
+    spare = b;
+  }
+  // k_block_chunk more spare records in one heap allocation. May throw std::bad_alloc,
+  // changing nothing.
+  [[gnu::noinline]] void add_block_chunk()
+  {
+    block_chunks.reserve(block_chunks.size() + 1);
+    auto chunk = std::make_unique<block[]>(k_block_chunk);
+    for (std::size_t i = 0; i < k_block_chunk; ++i) recycle(&chunk[i]);
+    block_chunks.push_back(std::move(chunk));  // reserved: cannot throw
+  }
 
   // The first small segment above address p.
   [[nodiscard]] auto small_after(std::uintptr_t p) const noexcept
@@ -1021,16 +1050,10 @@ struct allocator_core::impl {
       for (auto& [e, b] : c->pending) up->destroy_event(e);
       for (segment* s = c->segments; s != nullptr;) {
         segment* next = s->lnext;
-        for (block* b = s->head; b != nullptr;) {
-          block* n = b->next;
-          delete b;
-          b = n;
-        }
-        up->deallocate(reinterpret_cast<void*>(s->addr), s->size);
+        up->deallocate(reinterpret_cast<void*>(s->addr), s->size);  // (its block records: chunks)
         delete s;
         s = next;
       }
-      for (block* b : c->spare) delete b;
       for (auto& [addr, s] : c->small_dir) up->deallocate(reinterpret_cast<void*>(addr), k_small_segment);
     }
   }
@@ -1201,11 +1224,17 @@ struct allocator_core::impl {
     tracing.store(n > 0);
   }
 
-  block* new_block(stream_cache& c)
+  // A block record: a recycled one, else one of a new chunk (one heap allocation per
+  // k_block_chunk records, where one per record cost ~180 instructions at every split of a
+  // new stream's cache, e.g. a benchmark repetition's). May throw std::bad_alloc, changing
+  // nothing.
+  static block* new_block(stream_cache& c)
   {
-    if (c.spare.empty()) return new block;
-    block* b = c.spare.back();
-    c.spare.pop_back();
+    if (c.spare == nullptr) [[unlikely]] {
+      c.add_block_chunk();
+    }
+    block* b = c.spare;
+    c.spare = b->next;
     *b = block{};
     return b;
   }
@@ -1217,14 +1246,14 @@ struct allocator_core::impl {
   {
     b->state = block_state::free;
     b->counted_split = !b->whole();
-    if (b->counted_split) add(c, q_inactive_split, b->seg->small, b->size);
-    c.pools[b->seg->small ? 1 : 0].insert(b);
+    if (b->counted_split) add(c, q_inactive_split, b->small, b->size);
+    c.pools[b->small ? 1 : 0].insert(b);
   }
 
   void unindex(stream_cache& c, block* b) noexcept
   {
-    c.pools[b->seg->small ? 1 : 0].remove(b);
-    if (b->counted_split) sub(c, q_inactive_split, b->seg->small, b->size);
+    c.pools[b->small ? 1 : 0].remove(b);
+    if (b->counted_split) sub(c, q_inactive_split, b->small, b->size);
     b->counted_split = false;
   }
 
@@ -1239,13 +1268,14 @@ struct allocator_core::impl {
   void split(stream_cache& c, block* b, std::size_t size)
   {
     const std::size_t rest = b->size - size;
-    const bool worth = b->seg->small ? rest >= k_align
+    const bool worth = b->small ? rest >= k_align
                                      : rest > k_small_request && b->size < cfg.max_split_size;
     if (!worth) return;
     block* r = new_block(c);
     r->addr = b->addr + size;
     r->size = rest;
     r->seg = b->seg;
+    r->small = b->small;
     r->prev = b;
     r->next = b->next;
     if (b->next != nullptr) b->next->prev = r;
@@ -1260,9 +1290,10 @@ struct allocator_core::impl {
     split(c, b, size);
     b->state = block_state::allocated;
     b->requested = bytes;
-    b->t_alloc = tracing.load(std::memory_order_relaxed) ? now_ns() : 0;
+    b->timed = tracing.load(std::memory_order_relaxed);
+    if (b->timed) b->t_alloc = now_ns();
     c.live.insert(b->addr, b);  // may throw (growth) before anything is counted
-    c.delta.count_allocation(b->seg->small, b->size, bytes);
+    c.delta.count_allocation(b->small, b->size, bytes);
   }
 
   block* take_free(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
@@ -1289,15 +1320,18 @@ struct allocator_core::impl {
   // Back to the cache: merge with free neighbours, index (caller holds c.mu).
   void release_block(stream_cache& c, block* b)
   {
-    sub(c, q_active, b->seg->small, b->size);
+    sub(c, q_active, b->small, b->size);
     b->requested = 0;
-    b->uses.clear();
+    if (b->has_uses) {
+      b->uses.clear();
+      b->has_uses = false;
+    }
     if (block* p = b->prev; p != nullptr && p->state == block_state::free) {
       unindex(c, p);
       p->size += b->size;
       p->next = b->next;
       if (b->next != nullptr) b->next->prev = p;
-      c.spare.push_back(b);
+      c.recycle(b);
       b = p;
     }
     if (block* n = b->next; n != nullptr && n->state == block_state::free) {
@@ -1305,7 +1339,7 @@ struct allocator_core::impl {
       b->size += n->size;
       b->next = n->next;
       if (n->next != nullptr) n->next->prev = b;
-      c.spare.push_back(n);
+      c.recycle(n);
     }
     index(c, b);
     if (over_release_threshold(c) && releasable(*b->seg)) release_segment(c, b->seg);
@@ -1341,7 +1375,7 @@ struct allocator_core::impl {
     sub(c, q_num_segments, s->small, 1);
     record(event_of(trace_kind::segment_free, s->addr, s->size, 0, c.stream));
     up->deallocate(reinterpret_cast<void*>(s->addr), s->size);
-    c.spare.push_back(b);
+    c.recycle(b);
     delete s;
   }
 
@@ -1465,7 +1499,10 @@ struct allocator_core::impl {
   // throw std::bad_alloc, changing nothing (caller holds c.mu).
   static std::vector<native_stream>* uses_of(stream_cache& c, const block_ref& r, bool create)
   {
-    if (r.large != nullptr) return &r.large->uses;
+    if (r.large != nullptr) {
+      r.large->has_uses |= create;
+      return &r.large->uses;
+    }
     if ((r.seg->units[r.unit].flags & unit_entry::has_uses) == 0 && !create) return nullptr;
     return small_uses_of(c, r);
   }
@@ -1744,6 +1781,7 @@ struct allocator_core::impl {
         b->addr = addr;
         b->size = seg_bytes;
         b->seg = seg.get();
+        b->small = small;
         seg->head = b;
         link_segment(c, seg.release());
         out = {b, nullptr, 0};
@@ -1796,8 +1834,8 @@ struct allocator_core::impl {
       small_release(c, *b.seg, b.unit);
     } else {
       block* k = b.large;
-      if (!k->uses.empty() || (expected != 0 && expected != k->requested)) return false;
-      c.delta.count_free(k->seg->small, k->size, k->requested);
+      if (k->has_uses || (expected != 0 && expected != k->requested)) return false;
+      c.delta.count_free(k->small, k->size, k->requested);
       release_block(c, k);
     }
     lock.unlock();
@@ -2012,7 +2050,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
   const std::size_t size = impl::size_of(b);
   const std::size_t requested = impl::requested_of(b);
   const bool dense = b.large == nullptr;
-  const bool small = dense || b.large->seg->small;
+  const bool small = dense || b.large->small;
   if (expected_bytes != 0 && expected_bytes != requested) {
     if (!dense) c.live.insert(addr, b.large);
     throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: deallocate(" +
@@ -2025,7 +2063,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
   auto count_free = [&] { c.delta.count_free(small, size, requested); };
   if (m.tracing.load(std::memory_order_relaxed)) {
     trace_event e = m.event_of(trace_kind::free, addr, size, requested, c.stream);
-    const std::uint64_t t = dense ? (b.seg->t_alloc ? b.seg->t_alloc[b.unit] : 0) : b.large->t_alloc;
+    const std::uint64_t t = dense ? (b.seg->t_alloc ? b.seg->t_alloc[b.unit] : 0) : (b.large->timed ? b.large->t_alloc : 0);
     e.lifetime_ns = t != 0 ? e.time_ns - t : 0;  // 0: allocated before tracing
     m.record(e);
   }
@@ -2048,7 +2086,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
     // so the block is never lost.
     std::vector<native_event> events;
     try {
-      if (dense && uses->size() > 0xFFFF) throw std::length_error("too many streams to count");
+      if (uses->size() > 0xFFFF) throw std::length_error("too many streams to count");  // 16-bit counts
       events.reserve(uses->size());
       c.pending.reserve(c.pending.size() + uses->size());
       for (native_stream s : *uses) events.push_back(m.up->record_event(s));
@@ -2068,7 +2106,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
         entry.pending = static_cast<std::uint16_t>(events.size());
       } else {
         b.large->state = block_state::pending_free;
-        b.large->pending = static_cast<int>(events.size());
+        b.large->pending = static_cast<std::uint16_t>(events.size());
       }
       for (native_event e : events) c.pending.emplace_back(e, b);
       count_free();

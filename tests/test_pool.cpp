@@ -1256,6 +1256,36 @@ TEST_CASE_TEMPLATE("pool: four threads on one stream, and a reader of the statis
   check_invariants(a);
 }
 
+// A free's lifetime comes from the allocation's time only when tracing was on at the
+// allocation: a block handed out again while tracing was off (the same record or entry,
+// which held the time of its previous allocation) frees with lifetime 0. Dense small,
+// linked small and large blocks.
+TEST_CASE_TEMPLATE("pool: a free's lifetime is 0 when its allocation was not traced", D, DEPOT_TEST_DEVICES)
+{
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  for (const std::size_t bytes : {4 * KiB, 512 * KiB, 12 * MiB}) {
+    CAPTURE(bytes);
+    a.set_trace_capacity(8);
+    void* p = a.allocate(bytes);
+    a.deallocate(p);
+    auto events = a.trace();
+    REQUIRE_FALSE(events.empty());
+    CHECK(events.back().kind == depot::trace_kind::free);
+    CHECK(events.back().lifetime_ns > 0);
+    a.set_trace_capacity(0);  // off
+    void* q = a.allocate(bytes);
+    CHECK(q == p);  // the same block again
+    a.set_trace_capacity(8);
+    a.deallocate(q);
+    events = a.trace();
+    REQUIRE(events.size() == 1);
+    CHECK(events.back().kind == depot::trace_kind::free);
+    CHECK(events.back().address == reinterpret_cast<std::uintptr_t>(q));
+    CHECK(events.back().lifetime_ns == 0);
+  }
+  check_invariants(a);
+}
+
 TEST_CASE_TEMPLATE("pool: snapshot, trace and summary", D, DEPOT_TEST_DEVICES)
 {
   depot::caching_allocator<D> a{0, quiet_config<D>()};
