@@ -899,10 +899,10 @@ struct stream_cache {
   // changing nothing.
   [[gnu::noinline]] void add_block_chunk()
   {
-    block_chunks.reserve(block_chunks.size() + 1);
-    auto chunk = std::make_unique<block[]>(k_block_chunk);
+    // push_back grows geometrically and, when it throws, frees the new chunk
+    block_chunks.push_back(std::make_unique<block[]>(k_block_chunk));
+    block* chunk = block_chunks.back().get();
     for (std::size_t i = 0; i < k_block_chunk; ++i) recycle(&chunk[i]);
-    block_chunks.push_back(std::move(chunk));  // reserved: cannot throw
   }
 
   // The first small segment above address p.
@@ -2063,7 +2063,9 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
   auto count_free = [&] { c.delta.count_free(small, size, requested); };
   if (m.tracing.load(std::memory_order_relaxed)) {
     trace_event e = m.event_of(trace_kind::free, addr, size, requested, c.stream);
-    const std::uint64_t t = dense ? (b.seg->t_alloc ? b.seg->t_alloc[b.unit] : 0) : (b.large->timed ? b.large->t_alloc : 0);
+    const std::uint64_t t = dense     ? (b.seg->t_alloc ? b.seg->t_alloc[b.unit] : 0)
+                            : b.large->timed ? b.large->t_alloc
+                                             : 0;
     e.lifetime_ns = t != 0 ? e.time_ns - t : 0;  // 0: allocated before tracing
     m.record(e);
   }
