@@ -271,6 +271,14 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
 
 nlohmann::json run_alloc(const options& opts)
 {
+  // Each thread replays its share of N allocations: a thread with none would time nothing.
+  for (const std::size_t n : opts.alloc_counts) {
+    if (n < static_cast<std::size_t>(opts.threads)) {
+      throw std::invalid_argument("alloc: --alloc-n " + std::to_string(n) + " is below --threads " +
+                                  std::to_string(opts.threads) +
+                                  ": each thread needs at least one allocation (valid: --alloc-n >= --threads)");
+    }
+  }
   nlohmann::json rows = nlohmann::json::array();
   if (opts.device == "all" || opts.device == "host") alloc_device<host>(opts, 0, rows);
 #if DEPOT_HAS_CUDA

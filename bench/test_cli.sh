@@ -47,6 +47,11 @@ for bad in "--device tpu" "--size 0" "--repetitions 0" "--size lots" "nosuchsuit
   word=${bad#--}; word=${word%% *}
   check grep -qi -- "$word" "$tmp/err"
 done
+# Fewer allocations than threads: a thread would time nothing (the workload floor was inf).
+if "$bench" alloc --device host --alloc-n 2 --threads 4 > "$tmp/err" 2>&1; then
+  echo "FAILED: depot-bench alloc --alloc-n 2 --threads 4 was accepted"; fail=1
+fi
+check grep -q -- "--alloc-n 2 is below --threads 4" "$tmp/err"
 # tools/alloc-ab: two copies of this build (the build directory and a copy of its
 # libdepot.so), then bad input.
 ab="$(dirname "$0")/../tools/alloc-ab"
