@@ -16,9 +16,11 @@
 // never meet; a free from another stream searches the other caches. Growth (upstream calls,
 // stealing, out-of-memory handling) takes grow_mu. Statistics: operations gather their
 // changes in their cache and publish them to the shared figures under one short spin lock
-// when a figure drifts by more than stats_batch or after 256 operations (at once when
-// segments change or the thread moves to another cache); stats() and snapshot() take every
-// cache lock and stats() publishes every cache first, so the two agree.
+// when a figure drifts by more than stats_batch (unless no other cache published since:
+// one thread alone keeps them) or after 256 operations (at once when segments change or
+// the thread moves to another cache; another cache's first operation publishes a cache
+// that kept its drift); stats() and snapshot() take every cache lock and stats() publishes
+// every cache first, so the two agree.
 // Streams: a block freed on its own stream is reusable at once on that stream; a block
 // that record_stream() marked as used by other streams waits for events on them. Whole
 // free segments of another stream are taken over (all of a pool's at once) once the device
@@ -571,79 +573,80 @@ class cache_mutex {
 // the pools' sum of each quantity and for cached = reserved - allocated. Threads on
 // different streams so touch no shared line on most operations (one shared write per
 // operation cost 10x at 4 threads on a 16-core Xeon). publish() applies it all at once.
+// A high need only take in, at an operation's end, the figures that operation can have
+// raised (a figure's highest boundary ends an operation that raised it): an operation
+// records what kind of change it made (op_* bits) and end_op() raises those highs only, in
+// straight-line code with a branch per high that rarely moves; any other change (segments,
+// events, a reset) marks the operation general and end_op() takes in every figure.
 struct stat_delta {
   std::array<std::int64_t, 16> net{};
   std::array<std::int64_t, 16> added{};
   std::array<std::int64_t, 16> high{};
   std::array<std::int64_t, q_count> all_high{};
   std::array<std::int64_t, 3> cached_high{};  // large, small, all
-  std::uint32_t op_touched = 0;  // bit i: cell i changed in the operation under way
-  std::uint32_t op_grown = 0;    // bit i: cell i grew in the operation under way
-  std::uint32_t dirty = 0;       // bit i: cell i changed since the last publish
-  bool op_counted = false;       // the operation under way counted its allocation or free
-  bool urgent = false;           // publish as the operation ends
-  std::uint32_t ops = 0;         // operations since the last publish
-  std::int64_t batch = 0;        // allocator_config::stats_batch: the largest |net| kept
+  std::uint32_t op = 0;     // op_* bits: what the operation under way changed
+  std::uint32_t dirty = 0;  // op_* bits of the operations since the last publish
+  std::uint8_t due = 0;     // due_* bits: publish as the operation ends
+  std::uint32_t ops = 0;    // operations since the last publish
+  std::int64_t batch = 0;   // allocator_config::stats_batch: the largest |net| kept
+  cache_mutex* owner = nullptr;  // the lock of the cache it belongs to
+  bool overdrawn = false;        // drifted past batch and kept (shared_stats::settle)
 
-  explicit stat_delta(std::size_t stats_batch) : batch{static_cast<std::int64_t>(stats_batch)} {}
-
-  // The quantities every allocation and free changes; the others (reserved, segments) change
-  // with segments, which publish as the operation ends.
-  static constexpr std::uint32_t hot_quantities = 1U << q_allocated | 1U << q_requested | 1U << q_active |
-                                                  1U << q_inactive_split | 1U << q_num_allocations;
-  static constexpr std::uint32_t hot_cells = hot_quantities | hot_quantities << 8;
-  static constexpr std::uint32_t rare_cells = ~hot_cells & 0xFFFFU;
-  static constexpr std::uint32_t split_cells = 1U << q_inactive_split | 1U << (8 + q_inactive_split);
-  static constexpr std::uint32_t allocated_cells = 1U << q_allocated | 1U << (8 + q_allocated);
-  static constexpr std::uint32_t reserved_cells = 1U << q_reserved | 1U << (8 + q_reserved);
+  // What an operation changed. Raises: an allocation of either pool (its allocated,
+  // requested, active bytes and count), inactive split bytes grew, a free (cached bytes of
+  // its pool grew); general: anything else (every figure is taken in). Pools: the hot cells
+  // of that pool changed (publish() applies those of the pools marked).
+  static constexpr std::uint32_t op_alloc_large = 1U << 0;
+  static constexpr std::uint32_t op_alloc_small = 1U << 1;
+  static constexpr std::uint32_t op_free = 1U << 2;
+  static constexpr std::uint32_t op_split = 1U << 3;
+  static constexpr std::uint32_t op_general = 1U << 4;
+  static constexpr std::uint32_t op_large = 1U << 5;
+  static constexpr std::uint32_t op_small = 1U << 6;
+  static constexpr std::uint32_t op_counted = op_alloc_large | op_alloc_small | op_free;
   static constexpr std::uint32_t k_max_ops = 256;  // at most this many operations unpublished
+  // Why to publish: segments changed or k_max_ops operations passed (due_now), or a figure
+  // drifted more than `batch` from its published value (due_drift: see shared_stats::settle).
+  static constexpr std::uint8_t due_now = 1;
+  static constexpr std::uint8_t due_drift = 2;
 
-  // An operation boundary: the highs take in the operation's figures (caller holds the lock).
-  // Only figures that grew can raise a high, so an allocation (the hot quantities grew)
-  // takes in those of its pool, a free only inactive split bytes (when it merged) and cached
-  // bytes (allocated shrank); straight-line code, not a loop over the changed cells whose
-  // trip count changed between allocations and frees and mispredicted at every operation.
+  stat_delta(std::size_t stats_batch, cache_mutex& m) : batch{static_cast<std::int64_t>(stats_batch)}, owner{&m} {}
+
+  static constexpr std::uint32_t pool_bit(bool small) noexcept { return small ? op_small : op_large; }
+  [[gnu::always_inline]] static void raise(std::int64_t& high, std::int64_t v) noexcept
+  {
+    if (v > high) [[unlikely]] {
+      high = v;
+    }
+  }
+
+  // An operation boundary: the highs take in what the operation may have raised (caller
+  // holds the lock).
   [[gnu::always_inline]] void end_op() noexcept
   {
-    const std::uint32_t t = op_touched;
-    const std::uint32_t g = op_grown;
-    if ((g & hot_cells & ~split_cells) != 0) {
-      if ((g & 0xFFU) != 0) raise_pool(0);
-      if ((g & 0xFF00U) != 0) raise_pool(8);
-      raise_all(q_allocated);
-      raise_all(q_requested);
-      raise_all(q_active);
-      raise_all(q_inactive_split);
-      raise_all(q_num_allocations);
-    } else if ((g & split_cells) != 0) {
-      high[q_inactive_split] = std::max(high[q_inactive_split], net[q_inactive_split]);
-      high[8 + q_inactive_split] = std::max(high[8 + q_inactive_split], net[8 + q_inactive_split]);
+    const std::uint32_t o = op;
+    if ((o & (op_alloc_large | op_alloc_small)) != 0) raise_allocation((o & op_alloc_small) != 0 ? 8U : 0U);
+    if ((o & op_split) != 0) {
+      raise(high[q_inactive_split], net[q_inactive_split]);
+      raise(high[8 + q_inactive_split], net[8 + q_inactive_split]);
       raise_all(q_inactive_split);
     }
-    if ((g & rare_cells) != 0) [[unlikely]] {
-      raise_rare(g & rare_cells);
+    if ((o & op_free) != 0) raise_cached();
+    if ((o & op_general) != 0) [[unlikely]] {
+      raise_everything();
     }
-    // cached = reserved - allocated grew: allocated shrank (touched, not grown) or reserved grew
-    if ((t & ~g & allocated_cells) != 0 || (g & reserved_cells) != 0) {
-      const std::int64_t large = net[q_reserved] - net[q_allocated];
-      const std::int64_t small = net[8 + q_reserved] - net[8 + q_allocated];
-      cached_high[0] = std::max(cached_high[0], large);
-      cached_high[1] = std::max(cached_high[1], small);
-      cached_high[2] = std::max(cached_high[2], large + small);
+    dirty |= o;
+    op = 0;
+    if (++ops >= k_max_ops) [[unlikely]] {
+      due |= due_now;
     }
-    dirty |= t;
-    op_touched = 0;
-    op_grown = 0;
-    op_counted = false;
-    ++ops;
-    urgent |= ops >= k_max_ops;
   }
 
   // An allocation of `size_bytes` bytes for a request of `requested` bytes in the small or
   // large pool (one per operation: a second one starts a new operation boundary).
   [[gnu::always_inline]] void count_allocation(bool small, std::size_t size_bytes, std::size_t requested) noexcept
   {
-    if (op_counted) end_op();  // a second one in one operation: a boundary between them
+    if ((op & op_counted) != 0) end_op();  // a second one in one operation: a boundary between them
     const unsigned p = small ? 8U : 0U;
     const auto size = static_cast<std::int64_t>(size_bytes);
     const auto bytes = static_cast<std::int64_t>(requested);
@@ -655,50 +658,93 @@ struct stat_delta {
     added[p + q_requested] += bytes;
     added[p + q_active] += size;
     added[p + q_num_allocations] += 1;
-    constexpr std::uint32_t cells =
-        1U << q_allocated | 1U << q_requested | 1U << q_active | 1U << q_num_allocations;
-    op_touched |= cells << p;
-    op_grown |= cells << p;
-    urgent |= (net[p + q_allocated] > batch) | (net[p + q_requested] > batch) | (net[p + q_active] > batch);
-    op_counted = true;
+    op |= small ? op_alloc_small | op_small : op_alloc_large | op_large;
+    // requested <= allocated per block; active moves with allocated except for frees
+    // awaiting events, which check it themselves (sub_active)
+    if (net[p + q_allocated] > batch || net[p + q_requested] > batch || net[p + q_active] > batch) [[unlikely]] {
+      due |= due_drift;
+    }
   }
   // A free (active bytes stay until the block is back in the cache).
   [[gnu::always_inline]] void count_free(bool small, std::size_t size_bytes, std::size_t requested) noexcept
   {
-    if (op_counted) end_op();
+    if ((op & op_counted) != 0) end_op();
     const unsigned p = small ? 8U : 0U;
-    const auto size = static_cast<std::int64_t>(size_bytes);
-    const auto bytes = static_cast<std::int64_t>(requested);
-    net[p + q_allocated] -= size;
-    net[p + q_requested] -= bytes;
+    net[p + q_allocated] -= static_cast<std::int64_t>(size_bytes);
+    net[p + q_requested] -= static_cast<std::int64_t>(requested);
     net[p + q_num_allocations] -= 1;
-    op_touched |= (1U << q_allocated | 1U << q_requested | 1U << q_num_allocations) << p;
-    urgent |= (net[p + q_allocated] < -batch) | (net[p + q_requested] < -batch);
-    op_counted = true;
+    op |= op_free | pool_bit(small);
+    if (net[p + q_allocated] < -batch || net[p + q_requested] < -batch) [[unlikely]] {
+      due |= due_drift;
+    }
+  }
+  // Inactive split bytes: a split block was indexed / left the index.
+  [[gnu::always_inline]] void add_split(bool small, std::size_t n) noexcept
+  {
+    const unsigned i = (small ? 8U : 0U) + q_inactive_split;
+    net[i] += static_cast<std::int64_t>(n);
+    added[i] += static_cast<std::int64_t>(n);
+    op |= op_split | pool_bit(small);
+    if (net[i] > batch) [[unlikely]] {
+      due |= due_drift;
+    }
+  }
+  [[gnu::always_inline]] void sub_split(bool small, std::size_t n) noexcept { decrease(small, q_inactive_split, n); }
+  // A block is back in the cache.
+  [[gnu::always_inline]] void sub_active(bool small, std::size_t n) noexcept { decrease(small, q_active, n); }
+  // A segment came (+1) or went (-1): published as the operation ends.
+  void change_segments(bool small, std::size_t bytes, int sign) noexcept
+  {
+    const unsigned p = small ? 8U : 0U;
+    net[p + q_reserved] += sign * static_cast<std::int64_t>(bytes);
+    net[p + q_num_segments] += sign;
+    if (sign > 0) {
+      added[p + q_reserved] += static_cast<std::int64_t>(bytes);
+      added[p + q_num_segments] += 1;
+    }
+    op |= op_general;
+    due |= due_now;
   }
 
  private:
-  [[gnu::always_inline]] void raise_pool(unsigned p) noexcept
+  // A hot figure fell (no high to take in).
+  [[gnu::always_inline]] void decrease(bool small, quantity q, std::size_t n) noexcept
   {
-    high[p + q_allocated] = std::max(high[p + q_allocated], net[p + q_allocated]);
-    high[p + q_requested] = std::max(high[p + q_requested], net[p + q_requested]);
-    high[p + q_active] = std::max(high[p + q_active], net[p + q_active]);
-    high[p + q_inactive_split] = std::max(high[p + q_inactive_split], net[p + q_inactive_split]);
-    high[p + q_num_allocations] = std::max(high[p + q_num_allocations], net[p + q_num_allocations]);
-  }
-  [[gnu::always_inline]] void raise_all(unsigned q) noexcept
-  {
-    all_high[q] = std::max(all_high[q], net[q] + net[q + 8]);
-  }
-  [[gnu::noinline]] void raise_rare(std::uint32_t cells) noexcept
-  {
-    for (std::uint32_t b = cells; b != 0; b &= b - 1) {
-      const auto i = static_cast<unsigned>(std::countr_zero(b));
-      high[i] = std::max(high[i], net[i]);
+    const unsigned i = (small ? 8U : 0U) + q;
+    net[i] -= static_cast<std::int64_t>(n);
+    op |= pool_bit(small);
+    if (net[i] < -batch) [[unlikely]] {
+      due |= due_drift;
     }
-    for (std::uint32_t b = (cells | cells >> 8) & 0xFFU; b != 0; b &= b - 1) {
-      raise_all(static_cast<unsigned>(std::countr_zero(b)));
+  }
+  [[gnu::always_inline]] void raise_all(unsigned q) noexcept { raise(all_high[q], net[q] + net[q + 8]); }
+  [[gnu::always_inline]] void raise_allocation(unsigned p) noexcept
+  {
+    raise(high[p + q_allocated], net[p + q_allocated]);
+    raise(high[p + q_requested], net[p + q_requested]);
+    raise(high[p + q_active], net[p + q_active]);
+    raise(high[p + q_num_allocations], net[p + q_num_allocations]);
+    raise_all(q_allocated);
+    raise_all(q_requested);
+    raise_all(q_active);
+    raise_all(q_num_allocations);
+  }
+  // cached = reserved - allocated
+  [[gnu::always_inline]] void raise_cached() noexcept
+  {
+    const std::int64_t large = net[q_reserved] - net[q_allocated];
+    const std::int64_t small = net[8 + q_reserved] - net[8 + q_allocated];
+    raise(cached_high[0], large);
+    raise(cached_high[1], small);
+    raise(cached_high[2], large + small);
+  }
+  [[gnu::noinline]] void raise_everything() noexcept
+  {
+    for (unsigned p = 0; p < 16; p += 8) {
+      for (unsigned q = 0; q < q_count; ++q) raise(high[p + q], net[p + q]);
     }
+    for (unsigned q = 0; q < q_count; ++q) raise_all(q);
+    raise_cached();
   }
 };
 static_assert(q_count <= 8);
@@ -714,9 +760,14 @@ static_assert(q_count <= 8);
 // cache holds unpublished changes (one thread, whatever its streams: a thread publishes
 // its previous cache when it moves to another; or threads sharing one stream); with
 // threads on several streams at once, off by at most what the other caches hold unpublished
-// (a peak of bytes by stats_batch per other cache, a count by 256 per other cache).
+// (a peak of bytes by stats_batch per other cache, a count by 256 per other cache; a cache
+// that drifts past stats_batch while it was the last to publish, i.e. ran alone, publishes
+// only once another cache has published or after 256 operations: publishing at every
+// 64 MiB allocation cost one thread ~270 instructions per pair, for no figure it can see).
 struct shared_stats {
   alignas(64) spin_lock mu;
+  std::atomic<const stat_delta*> last{nullptr};  // the delta published last (written under mu)
+  std::atomic<stat_delta*> overdrawn{nullptr};   // a delta kept past its batch (settle)
   std::array<std::atomic<std::int64_t>, 16> value{};  // current figures
   std::array<std::atomic<std::int64_t>, 16> added{};
   std::array<std::atomic<std::int64_t>, 16> peak{};
@@ -797,6 +848,33 @@ struct shared_stats {
     publish_cell(d, p + q_num_allocations);
   }
 
+  // At the end of an operation that made a delta due, or the first since it was published
+  // (caller holds that cache's lock). First another cache's delta kept past its batch is
+  // published (when its lock is free: else its own thread is in an operation and settles
+  // at its end), so a cache that ran alone does not keep its drift from the peaks the
+  // others take in. Then this one is published, unless it is due only because a figure
+  // drifted, no other delta was published since it was and stats_batch is not 0 (exact
+  // peaks asked for): then it is kept, and marked.
+  [[gnu::noinline]] void settle(stat_delta& d) noexcept
+  {
+    if (stat_delta* o = overdrawn.load(std::memory_order_relaxed); o != nullptr && o != &d) {
+      if (o->owner->try_lock()) {
+        if (o->overdrawn) publish(*o);
+        o->owner->unlock();
+      }
+    }
+    if ((d.due & stat_delta::due_now) != 0 ||
+        ((d.due & stat_delta::due_drift) != 0 && (last.load(std::memory_order_relaxed) != &d || d.batch == 0))) {
+      publish(d);
+      return;
+    }
+    if ((d.due & stat_delta::due_drift) != 0 && !d.overdrawn) {
+      d.overdrawn = true;
+      overdrawn.store(&d, std::memory_order_relaxed);
+    }
+    d.due = 0;
+  }
+
   // Applies and clears a stream cache's delta (caller holds that cache's lock; no
   // operation under way). Each peak becomes at least the figure before + the delta's high.
   void publish(stat_delta& d) noexcept
@@ -804,6 +882,12 @@ struct shared_stats {
     const std::uint32_t dirty = d.dirty;
     if (dirty == 0) return;
     std::lock_guard g{mu};
+    last.store(&d, std::memory_order_relaxed);
+    if (d.overdrawn) {
+      d.overdrawn = false;
+      stat_delta* self = &d;
+      overdrawn.compare_exchange_strong(self, nullptr, std::memory_order_relaxed);
+    }
     // Straight-line over the hot quantities (a cell that did not change holds net, added and
     // high 0, and its peak is at least its value, so taking it in changes nothing): at 64 MiB
     // requests every operation drifts past the batch and publishes, and a loop over the
@@ -813,7 +897,7 @@ struct shared_stats {
     publish_all_peak(d, q_active);
     publish_all_peak(d, q_inactive_split);
     publish_all_peak(d, q_num_allocations);
-    if ((dirty & (stat_delta::allocated_cells | stat_delta::reserved_cells)) != 0) {
+    if ((dirty & (stat_delta::op_free | stat_delta::op_general)) != 0) {  // else cached_high is 0
       const std::int64_t large = current(q_reserved, 0) - current(q_allocated, 0);
       const std::int64_t small = current(q_reserved, 1) - current(q_allocated, 1);
       raise(cached_peak[0], large + d.cached_high[0]);
@@ -821,18 +905,18 @@ struct shared_stats {
       raise(cached_peak[2], large + small + d.cached_high[2]);
       d.cached_high = {};
     }
-    if ((dirty & 0xFFU) != 0) publish_pool(d, 0);
-    if ((dirty & 0xFF00U) != 0) publish_pool(d, 8);
-    if (const std::uint32_t rare = dirty & stat_delta::rare_cells; rare != 0) {
-      for (std::uint32_t b = (rare | rare >> 8) & 0xFFU; b != 0; b &= b - 1) {
-        publish_all_peak(d, static_cast<unsigned>(std::countr_zero(b)));
-      }
-      for (std::uint32_t b = rare; b != 0; b &= b - 1) {
-        publish_cell(d, static_cast<unsigned>(std::countr_zero(b)));
+    if ((dirty & (stat_delta::op_large | stat_delta::op_general)) != 0) publish_pool(d, 0);
+    if ((dirty & (stat_delta::op_small | stat_delta::op_general)) != 0) publish_pool(d, 8);
+    if ((dirty & stat_delta::op_general) != 0) {  // segments came or went
+      publish_all_peak(d, q_reserved);
+      publish_all_peak(d, q_num_segments);
+      for (unsigned p : {0U, 8U}) {
+        publish_cell(d, p + q_reserved);
+        publish_cell(d, p + q_num_segments);
       }
     }
     d.dirty = 0;
-    d.urgent = false;
+    d.due = 0;
     d.ops = 0;
   }
 
@@ -868,7 +952,7 @@ struct block_ref {
 
 struct stream_cache {
   stream_cache(native_stream s, const segment_table& t, std::size_t stats_batch)
-      : stream{s}, small{t}, delta{stats_batch}
+      : stream{s}, small{t}, delta{stats_batch, mu}
   {
   }
   native_stream stream;
@@ -986,9 +1070,12 @@ class cache_lock {
   [[gnu::always_inline]] void unlock() noexcept
   {
     stat_delta& d = cache_->delta;
-    if (d.op_touched != 0) {
+    if (d.op != 0) {
+      const bool fresh = d.dirty == 0;  // the first operation since the last publish
       d.end_op();
-      if (d.urgent) stats_->publish(d);
+      if (d.due != 0 || fresh) [[unlikely]] {
+        stats_->settle(d);
+      }
     }
     std::exchange(cache_, nullptr)->mu.unlock();
   }
@@ -1076,27 +1163,10 @@ struct allocator_core::impl {
   // which changes no figure they could see.
   mutable shared_stats figures;
 
-  // Changes to the shared figures by an operation on `c` (caller holds c.mu): gathered in
-  // c.delta, published when due as c.mu is given back, or before any reader looks.
-  [[gnu::always_inline]] static void add(stream_cache& c, quantity q, bool small, std::size_t n) noexcept
-  {
-    const unsigned i = (small ? 8U : 0U) + q;
-    stat_delta& d = c.delta;
-    d.net[i] += static_cast<std::int64_t>(n);
-    d.added[i] += static_cast<std::int64_t>(n);
-    d.op_touched |= 1U << i;
-    d.op_grown |= 1U << i;
-    // Segments change, or a figure drifted more than `batch` from its published value.
-    d.urgent |= q == q_reserved || q == q_num_segments || d.net[i] > d.batch;
-  }
-  [[gnu::always_inline]] static void sub(stream_cache& c, quantity q, bool small, std::size_t n) noexcept
-  {
-    const unsigned i = (small ? 8U : 0U) + q;
-    stat_delta& d = c.delta;
-    d.net[i] -= static_cast<std::int64_t>(n);
-    d.op_touched |= 1U << i;
-    d.urgent |= q == q_reserved || q == q_num_segments || d.net[i] < -d.batch;
-  }
+  // Changes to the shared figures by an operation on a cache are gathered in its delta
+  // (stat_delta's count_*, add_split, sub_split, sub_active, change_segments; caller holds
+  // c.mu), published when due as c.mu is given back, or before any reader looks.
+
   // Before an allocation or free on `c` (no cache lock held): when this thread's previous
   // one here was on another cache, that cache's delta is published, so at most one cache
   // holds a thread's unpublished changes and one thread's peaks are exact (the thread
@@ -1246,14 +1316,14 @@ struct allocator_core::impl {
   {
     b->state = block_state::free;
     b->counted_split = !b->whole();
-    if (b->counted_split) add(c, q_inactive_split, b->small, b->size);
+    if (b->counted_split) c.delta.add_split(b->small, b->size);
     c.pools[b->small ? 1 : 0].insert(b);
   }
 
   void unindex(stream_cache& c, block* b) noexcept
   {
     c.pools[b->small ? 1 : 0].remove(b);
-    if (b->counted_split) sub(c, q_inactive_split, b->small, b->size);
+    if (b->counted_split) c.delta.sub_split(b->small, b->size);
     b->counted_split = false;
   }
 
@@ -1320,7 +1390,7 @@ struct allocator_core::impl {
   // Back to the cache: merge with free neighbours, index (caller holds c.mu).
   void release_block(stream_cache& c, block* b)
   {
-    sub(c, q_active, b->small, b->size);
+    c.delta.sub_active(b->small, b->size);
     b->requested = 0;
     if (b->has_uses) {
       b->uses.clear();
@@ -1371,8 +1441,7 @@ struct allocator_core::impl {
     block* b = s->head;
     unindex(c, b);
     unlink_segment(c, s);
-    sub(c, q_reserved, s->small, s->size);
-    sub(c, q_num_segments, s->small, 1);
+    c.delta.change_segments(s->small, s->size, -1);
     record(event_of(trace_kind::segment_free, s->addr, s->size, 0, c.stream));
     up->deallocate(reinterpret_cast<void*>(s->addr), s->size);
     c.recycle(b);
@@ -1397,7 +1466,7 @@ struct allocator_core::impl {
     e.flags = unit_entry::head;
     if (e.size != k_seg_units) {
       e.flags |= unit_entry::split;
-      add(c, q_inactive_split, true, unit_bytes(e.size));
+      c.delta.add_split(true, unit_bytes(e.size));
     }
     c.small.insert(link_of(s, u), e);
   }
@@ -1406,7 +1475,7 @@ struct allocator_core::impl {
   {
     unit_entry& e = s.units[u];
     c.small.remove(e);
-    if ((e.flags & unit_entry::split) != 0) sub(c, q_inactive_split, true, unit_bytes(e.size));
+    if ((e.flags & unit_entry::split) != 0) c.delta.sub_split(true, unit_bytes(e.size));
     e.flags = unit_entry::head;
   }
 
@@ -1451,7 +1520,7 @@ struct allocator_core::impl {
   void small_release(stream_cache& c, small_segment& s, unsigned u)
   {
     unit_entry* e = &s.units[u];
-    sub(c, q_active, true, unit_bytes(e->size));
+    c.delta.sub_active(true, unit_bytes(e->size));
     if ((e->flags & unit_entry::has_uses) != 0) c.small_uses.erase(address_of(s, u));
     if (e->prev != 0) {
       const unsigned p = u - e->prev;
@@ -1482,8 +1551,7 @@ struct allocator_core::impl {
   {
     small_unindex(c, s, 0);
     c.remove_small(&s);
-    sub(c, q_reserved, true, k_small_segment);
-    sub(c, q_num_segments, true, 1);
+    c.delta.change_segments(true, k_small_segment, -1);
     record(event_of(trace_kind::segment_free, s.addr, k_small_segment, 0, c.stream));
     up->deallocate(reinterpret_cast<void*>(s.addr), k_small_segment);
     small_table.release(s);
@@ -1791,8 +1859,7 @@ struct allocator_core::impl {
       throw;
     }
     record(event_of(trace_kind::segment_allocate, addr, seg_bytes, 0, c.stream));
-    add(c, q_reserved, small, seg_bytes);
-    add(c, q_num_segments, small, 1);
+    c.delta.change_segments(small, seg_bytes, +1);
     if (out.seg != nullptr) {
       small_hand_out(c, *out.seg, 0, static_cast<unsigned>(size >> k_unit_shift), bytes);
     } else {

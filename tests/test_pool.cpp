@@ -970,6 +970,44 @@ TEST_CASE("pool: statistics published in batches equal those published at every 
   for (std::size_t i = 1; i < pools.size(); ++i) check_same_stats(pools[0]->stats(), pools[i]->stats());
 }
 
+TEST_CASE_TEMPLATE("pool: a cache that drifted past stats_batch alone is published by the next cache", D,
+                   DEPOT_TEST_DEVICES)
+{
+  // One thread alone on stream 1 drifts past the batch (8 MiB hits, batch 1 MiB): it was the
+  // last to publish, so it keeps its changes. Then another thread's first operation on
+  // stream 2 (a 256 KiB block, within the batch, published by no drift of its own) must
+  // publish stream 1's changes first, so the peak counts them: exactly 3 x 8 MiB + 256 KiB.
+  depot::allocator_config cfg = quiet_config<D>();
+  cfg.stats_batch = MiB;
+  depot::caching_allocator<D> a{0, cfg};
+  depot::stream<D> s1;
+  depot::stream<D> s2;
+  // stream 2's cache first: stats() publishes it before stream 1's, so only an earlier
+  // publish of stream 1 gives the exact peak
+  void* small_block = a.allocate(256 * KiB, s2);
+  a.deallocate(small_block, s2);
+  std::vector<void*> warm;
+  for (int i = 0; i < 3; ++i) warm.push_back(a.allocate(8 * MiB, s1));
+  for (void* w : warm) a.deallocate(w, s1);
+  a.reset_memory_stats();
+  std::vector<void*> kept;
+  std::thread{[&] {
+    for (int i = 0; i < 3; ++i) kept.push_back(a.allocate(8 * MiB, s1));  // hits, each past the batch
+  }}.join();
+  std::thread{[&] {
+    void* q = a.allocate(256 * KiB, s2);  // a hit within the batch
+    a.deallocate(q, s2);
+  }}.join();
+  const depot::memory_stats st = a.stats();
+  CHECK(st.num_cache_misses == 0);
+  CHECK(st.requested_bytes.all.current == static_cast<std::int64_t>(24 * MiB));
+  CHECK(st.requested_bytes.all.peak == static_cast<std::int64_t>(24 * MiB + 256 * KiB));
+  CHECK(st.allocated_bytes.all.peak == static_cast<std::int64_t>(24 * MiB + 256 * KiB));
+  CHECK(st.num_allocations.all.peak == 4);
+  for (void* k : kept) a.deallocate(k, s1);
+  check_invariants(a);
+}
+
 TEST_CASE_TEMPLATE("pool: a figure that drifts past stats_batch is published at once", D,
                    DEPOT_TEST_DEVICES)
 {

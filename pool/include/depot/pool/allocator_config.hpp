@@ -36,10 +36,13 @@ struct allocator_config {
   std::size_t trace_capacity = 0;
   // How far (bytes) a figure of a stream's cache may drift from the allocator's shared
   // statistics before the cache publishes its changes (also after 256 operations, at once
-  // on segment changes). stats() is always exact, and so are peaks while one thread
-  // allocates (on any streams); with threads on several streams at once a peak may be off
-  // by this much per other stream (0: publish every operation, exact peaks, one shared
-  // write per operation). Key stats_batch (bytes, with suffixes, at most 1TiB). Default 16 MiB.
+  // on segment changes; a cache that was the last to publish keeps drifting until another
+  // publishes or its first operation since publishes the kept one). stats() is always
+  // exact, and so are peaks while one thread allocates (on any streams); with threads on
+  // several streams at once a peak may be off by this much per other stream, or by up to
+  // 256 operations' changes of a cache that ran alone when another's first operation
+  // finds it locked (0: publish every operation, exact peaks, one shared write per
+  // operation). Key stats_batch (bytes, with suffixes, at most 1TiB). Default 16 MiB.
   std::size_t stats_batch = std::size_t{16} << 20;
 
   // Parses "key:value,..." on top of the defaults. Throws depot::invalid_argument.
