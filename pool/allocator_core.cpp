@@ -10,7 +10,10 @@
 // touches its own entry and its neighbours' and finds the block's segment by its 2 MiB
 // frame (one or two probes of a per-cache table). Larger small requests (to 1 MiB) and
 // the large pool use linked block records and a two-level segregated fit (power of two,
-// 16 subdivisions, bitmaps): O(1) as well, with few records that stay in cache.
+// 16 subdivisions, bitmaps): O(1) as well, with few records that stay in cache. A free
+// finds a linked small block through the same frame table (its 2 MiB segment) and the
+// segment's slot for the block's 64 KiB (they are all larger), a large block in a hash
+// table of the cache's live large blocks.
 // Locks: each stream_cache has its own mutex and its own table of the blocks it handed out,
 // so an allocation or a free on one stream takes one lock, and threads on different streams
 // never meet; a free from another stream searches the other caches. Growth (upstream calls,
@@ -49,6 +52,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -119,6 +123,12 @@ struct alignas(64) block {
 };
 static_assert(offsetof(block, seg) == 64, "a free's fields fill the first cache line");
 
+// A linked small segment's live blocks are all larger than k_dense_request (64 KiB), so at
+// most one starts in each 64 KiB of it: a free finds its record by its offset >> 16.
+constexpr unsigned k_handed_shift = 16;
+constexpr std::size_t k_handed_slots = k_small_segment >> k_handed_shift;  // 32
+static_assert(k_dense_request == std::size_t{1} << k_handed_shift);
+
 struct segment {  // of the large pool, or of the small pool's linked part
   std::uintptr_t addr = 0;
   std::size_t size = 0;
@@ -128,6 +138,10 @@ struct segment {  // of the large pool, or of the small pool's linked part
   block* head = nullptr;
   segment* lprev = nullptr;  // in the cache's segment list
   segment* lnext = nullptr;
+  // small: the blocks handed out, by offset >> k_handed_shift (large segments' live blocks
+  // are in their cache's `live` table)
+  std::array<block*, k_handed_slots> handed{};
+  [[nodiscard]] block*& handed_slot(std::uintptr_t p) noexcept { return handed[(p - addr) >> k_handed_shift]; }
 };
 
 // Two-level segregated fit over free blocks of one pool of one stream cache.
@@ -329,6 +343,10 @@ struct small_segment {
     return units[0].size == k_seg_units && units[0].state == block_state::free;
   }
 };
+
+// stream_cache::small_segment_of reads either record's address through the frame's value.
+static_assert(std::is_standard_layout_v<segment> && offsetof(segment, addr) == 0);
+static_assert(std::is_standard_layout_v<small_segment> && offsetof(small_segment, addr) == 0);
 
 // Small segments by slot, so a free-list link is 32 bits: slot << 12 | unit. The entries
 // of 32 consecutive slots share one 2 MiB slab (a transparent huge page where the kernel
@@ -967,9 +985,10 @@ struct stream_cache {
   // to another cache with its segment; all of them live as long as the allocator.
   std::vector<std::unique_ptr<block[]>> block_chunks;
   address_table<block, 9> live;  // the large blocks of this cache that are handed out, by address
-  // The small segments by the 2 MiB frame their address falls in (+ 1): at most one starts
-  // in a frame, so a pointer's segment is the one starting in its frame or the one before.
-  address_table<small_segment, 0> small_frames;
+  // The small segments, dense (small_segment) and linked (segment, tagged by bit 0), by the
+  // 2 MiB frame their address falls in (+ 1): all are 2 MiB, so at most one starts in a
+  // frame, and a pointer's segment is the one starting in its frame or the one before.
+  address_table<void, 0> frames;
   std::unordered_map<std::uintptr_t, std::vector<native_stream>> small_uses;  // record_stream
   std::int64_t hits = 0;      // allocations served from this cache without growing
   stat_delta delta;           // statistics changed by the operation under way
@@ -996,29 +1015,33 @@ struct stream_cache {
                             [](std::uintptr_t v, const auto& d) { return v < d.first; });
   }
   static std::uintptr_t frame_key(std::uintptr_t p) noexcept { return (p >> 21) + 1; }
-  // The small segment holding `p`, or nullptr: one or two probes of small_frames, where a
-  // binary search of small_dir took ~100 instructions and a chain of dependent loads per
-  // free over 512 segments (a 1 GiB working set of 64 KiB blocks).
-  [[nodiscard]] small_segment* small_segment_of(std::uintptr_t p) const noexcept
+  static void* frame_value(small_segment* s) noexcept { return s; }
+  static void* frame_value(segment* s) noexcept { return reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(s) | 1U); }
+  // The small segment holding `p`, if any: a frame's value (a small_segment*, or a segment*
+  // with bit 0 set), or 0. One or two probes of frames, where a binary search of small_dir
+  // took ~100 instructions and a chain of dependent loads per free over 512 segments (a
+  // 1 GiB working set of 64 KiB blocks). Both records start with their address.
+  [[nodiscard]] std::uintptr_t small_segment_of(std::uintptr_t p) const noexcept
   {
-    if (small_segment* s = small_frames.find(frame_key(p)); s != nullptr && p >= s->addr) return s;
-    small_segment* s = small_frames.find(frame_key(p) - 1);
-    return s != nullptr && p - s->addr < k_small_segment ? s : nullptr;
+    const auto start = [](std::uintptr_t v) { return *reinterpret_cast<const std::uintptr_t*>(v & ~std::uintptr_t{1}); };
+    if (const auto v = reinterpret_cast<std::uintptr_t>(frames.find(frame_key(p))); v != 0 && p >= start(v)) return v;
+    const auto v = reinterpret_cast<std::uintptr_t>(frames.find(frame_key(p) - 1));
+    return v != 0 && p - start(v) < k_small_segment ? v : 0;
   }
   // Call reserve_small() first: then this cannot fail.
   void add_small(small_segment* s) noexcept
   {
     small_dir.insert(small_after(s->addr), {s->addr, s});
-    small_frames.insert(frame_key(s->addr), s);
+    frames.insert(frame_key(s->addr), frame_value(s));
     s->cache = this;
   }
   void reserve_small(std::size_t n = 1)
   {
     small_dir.reserve(small_dir.size() + n);
-    small_frames.reserve(n);
+    frames.reserve(n);
   }
   // Moves the small segments of `from` that `pick` selects to this cache, keeping both
-  // caches' indexes of them (small_dir in address order, small_frames); `moved(s)` runs on
+  // caches' indexes of them (small_dir in address order, frames); `moved(s)` runs on
   // each as it moves (both caches locked). Call reserve_small(n) for them first: then this
   // cannot fail.
   template <class Pick, class Moved>
@@ -1028,9 +1051,9 @@ struct stream_cache {
     std::erase_if(from.small_dir, [&](const auto& d) {
       small_segment* s = d.second;
       if (!pick(*s)) return false;
-      from.small_frames.erase(frame_key(s->addr));
+      from.frames.erase(frame_key(s->addr));
       small_dir.push_back(d);  // capacity reserved
-      small_frames.insert(frame_key(s->addr), s);
+      frames.insert(frame_key(s->addr), frame_value(s));
       s->cache = this;
       moved(*s);
       return true;
@@ -1043,7 +1066,7 @@ struct stream_cache {
                                [](const auto& d, std::uintptr_t v) { return d.first < v; });
     if (it != small_dir.end() && it->second == s) {
       small_dir.erase(it);
-      small_frames.erase(frame_key(s->addr));
+      frames.erase(frame_key(s->addr));
     }
   }
 };
@@ -1362,8 +1385,19 @@ struct allocator_core::impl {
     b->requested = bytes;
     b->timed = tracing.load(std::memory_order_relaxed);
     if (b->timed) b->t_alloc = now_ns();
-    c.live.insert(b->addr, b);  // may throw (growth) before anything is counted
+    hand_over(c, b);  // may throw (growth) before anything is counted
     c.delta.count_allocation(b->small, b->size, bytes);
+  }
+
+  // Records `b` as handed out, where a free finds it (a large block's table may grow and
+  // throw std::bad_alloc, changing nothing).
+  static void hand_over(stream_cache& c, block* b)
+  {
+    if (b->small) {
+      b->seg->handed_slot(b->addr) = b;
+    } else {
+      c.live.insert(b->addr, b);
+    }
   }
 
   block* take_free(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
@@ -1415,8 +1449,10 @@ struct allocator_core::impl {
     if (over_release_threshold(c) && releasable(*b->seg)) release_segment(c, b->seg);
   }
 
-  void link_segment(stream_cache& c, segment* s) noexcept
+  // A linked small segment also enters the cache's frames: call c.frames.reserve() first.
+  static void link_segment(stream_cache& c, segment* s) noexcept
   {
+    if (s->small) c.frames.insert(stream_cache::frame_key(s->addr), stream_cache::frame_value(s));
     s->cache = &c;
     s->lprev = nullptr;
     s->lnext = c.segments;
@@ -1424,8 +1460,9 @@ struct allocator_core::impl {
     c.segments = s;
   }
 
-  void unlink_segment(stream_cache& c, segment* s) noexcept
+  static void unlink_segment(stream_cache& c, segment* s) noexcept
   {
+    if (s->small) c.frames.erase(stream_cache::frame_key(s->addr));
     if (s->lprev != nullptr) {
       s->lprev->lnext = s->lnext;
     } else {
@@ -1692,9 +1729,10 @@ struct allocator_core::impl {
         const auto movable = [small](const segment* s) {
           return s->small == small && s->head->whole() && s->head->state == block_state::free;
         };
-        bool any = false;
-        for (const segment* s = other->segments; s != nullptr && !any; s = s->lnext) any = movable(s);
-        if (!any) continue;
+        std::size_t n = 0;
+        for (const segment* s = other->segments; s != nullptr; s = s->lnext) n += movable(s) ? 1 : 0;
+        if (n == 0) continue;
+        if (small) c.frames.reserve(n);  // may throw: nothing moved yet
         if (async) up->synchronize_device();
         for (segment* s = other->segments; s != nullptr;) {
           segment* next = s->lnext;
@@ -1841,6 +1879,7 @@ struct allocator_core::impl {
         c.add_small(seg);
         out = {nullptr, seg, 0};
       } else {
+        if (small) c.frames.reserve(1);
         auto seg = std::make_unique<segment>();
         seg->addr = addr;
         seg->size = seg_bytes;
@@ -1868,11 +1907,20 @@ struct allocator_core::impl {
     return out;
   }
 
-  // The live block at `p` in cache `c` (caller holds c.mu), or nothing. `erase`: a large
-  // block leaves the table of live blocks (deallocate puts it back if it then refuses).
+  // The live block at `p` in cache `c` (caller holds c.mu), or nothing. `erase`: a linked
+  // block leaves where a free finds it (deallocate puts it back if it then refuses).
   static block_ref find_live(stream_cache& c, std::uintptr_t p, bool erase) noexcept
   {
-    if (small_segment* s = c.small_segment_of(p)) {
+    const std::uintptr_t owner = c.small_segment_of(p);
+    if ((owner & 1U) != 0) {
+      block*& slot = reinterpret_cast<segment*>(owner & ~std::uintptr_t{1})->handed_slot(p);
+      block* b = slot;
+      if (b == nullptr || b->addr != p) return {};
+      if (erase) slot = nullptr;
+      return {b, nullptr, 0};
+    }
+    if (owner != 0) {
+      auto* s = reinterpret_cast<small_segment*>(owner);
       const std::uintptr_t off = p - s->addr;
       const auto u = static_cast<unsigned>(off >> k_unit_shift);
       const unit_entry& e = s->units[u];
@@ -2119,7 +2167,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
   const bool dense = b.large == nullptr;
   const bool small = dense || b.large->small;
   if (expected_bytes != 0 && expected_bytes != requested) {
-    if (!dense) c.live.insert(addr, b.large);
+    if (!dense) hand_over(c, b.large);
     throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: deallocate(" +
                            hex(addr) + ", " + std::to_string(expected_bytes) +
                            " bytes): the allocation was " + std::to_string(requested) +

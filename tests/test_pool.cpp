@@ -484,9 +484,13 @@ TEST_CASE_TEMPLATE("pool: pointers inside or beside live blocks are refused in e
       CHECK_THROWS_AS(a.deallocate(bad), depot::invalid_argument);
       CHECK_THROWS_AS(a.record_stream(bad, s2), depot::invalid_argument);
     }
+    // the wrong size: refused, and the block is still found afterwards (a linked block
+    // is put back where a free finds it)
+    CHECK_THROWS_AS(a.deallocate(p, n + 1, {}), depot::invalid_argument);
+    CHECK_THROWS_AS(a.deallocate(p, n + 1, {}), depot::invalid_argument);
     CHECK(a.stats().allocated_bytes.all.current == before.allocated_bytes.all.current);
     check_invariants(a);
-    a.deallocate(p);
+    a.deallocate(p, n, {});
     CHECK_THROWS_AS(a.deallocate(p), depot::invalid_argument);  // double free
     a.deallocate(neighbour);
     CHECK_THROWS_AS(a.deallocate(neighbour, s2), depot::invalid_argument);
