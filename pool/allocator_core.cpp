@@ -11,10 +11,10 @@
 // frame (one or two probes of a per-cache table). Larger small requests (to 1 MiB) and
 // the large pool use linked block records and a two-level segregated fit (power of two,
 // 16 subdivisions, bitmaps): O(1) as well, with few records that stay in cache. A free
-// finds a linked small block through the same frame table (its 2 MiB segment) and the
-// segment's slot for the block's 64 KiB (they are all larger), a large block in a hash
-// table of the cache's live large blocks.
-// Locks: each stream_cache has its own mutex and its own table of the blocks it handed out,
+// finds a linked block through the same frame table (which also maps each frame a large
+// segment holds) and the segment's slot for the block's 64 KiB (small) or 1 MiB (large):
+// its blocks are all larger.
+// Locks: each stream_cache has its own mutex and its own segments and blocks it handed out,
 // so an allocation or a free on one stream takes one lock, and threads on different streams
 // never meet; a free from another stream searches the other caches. Growth (upstream calls,
 // stealing, out-of-memory handling) takes grow_mu. Statistics: operations gather their
@@ -123,11 +123,13 @@ struct alignas(64) block {
 };
 static_assert(offsetof(block, seg) == 64, "a free's fields fill the first cache line");
 
-// A linked small segment's live blocks are all larger than k_dense_request (64 KiB), so at
-// most one starts in each 64 KiB of it: a free finds its record by its offset >> 16.
-constexpr unsigned k_handed_shift = 16;
-constexpr std::size_t k_handed_slots = k_small_segment >> k_handed_shift;  // 32
-static_assert(k_dense_request == std::size_t{1} << k_handed_shift);
+// A linked segment's live blocks are all larger than k_dense_request (64 KiB, small pool)
+// or k_small_request (1 MiB, large pool), so at most one starts in each 64 KiB or 1 MiB of
+// it: a free finds its record in a slot by its offset >> 16 or >> 20.
+constexpr unsigned k_small_handed_shift = 16;
+constexpr unsigned k_large_handed_shift = 20;
+static_assert(k_dense_request == std::size_t{1} << k_small_handed_shift);
+static_assert(k_small_request == std::size_t{1} << k_large_handed_shift);
 
 struct segment {  // of the large pool, or of the small pool's linked part
   std::uintptr_t addr = 0;
@@ -138,10 +140,10 @@ struct segment {  // of the large pool, or of the small pool's linked part
   block* head = nullptr;
   segment* lprev = nullptr;  // in the cache's segment list
   segment* lnext = nullptr;
-  // small: the blocks handed out, by offset >> k_handed_shift (large segments' live blocks
-  // are in their cache's `live` table)
-  std::array<block*, k_handed_slots> handed{};
-  [[nodiscard]] block*& handed_slot(std::uintptr_t p) noexcept { return handed[(p - addr) >> k_handed_shift]; }
+  // The blocks handed out, by offset >> handed_shift.
+  std::unique_ptr<block*[]> handed;
+  unsigned handed_shift = 0;
+  [[nodiscard]] block*& handed_slot(std::uintptr_t p) const noexcept { return handed[(p - addr) >> handed_shift]; }
 };
 
 // Two-level segregated fit over free blocks of one pool of one stream cache.
@@ -344,7 +346,7 @@ struct small_segment {
   }
 };
 
-// stream_cache::small_segment_of reads either record's address through the frame's value.
+// stream_cache::segment_of reads either record's address through the frame's value.
 static_assert(std::is_standard_layout_v<segment> && offsetof(segment, addr) == 0);
 static_assert(std::is_standard_layout_v<small_segment> && offsetof(small_segment, addr) == 0);
 
@@ -984,11 +986,13 @@ struct stream_cache {
   // The block records this cache made, k_block_chunk to a heap allocation. A record moves
   // to another cache with its segment; all of them live as long as the allocator.
   std::vector<std::unique_ptr<block[]>> block_chunks;
-  address_table<block, 9> live;  // the large blocks of this cache that are handed out, by address
-  // The small segments, dense (small_segment) and linked (segment, tagged by bit 0), by the
-  // 2 MiB frame their address falls in (+ 1): all are 2 MiB, so at most one starts in a
-  // frame, and a pointer's segment is the one starting in its frame or the one before.
+  // Every segment of this cache, dense (small_segment) or linked (segment, tagged by bit 0),
+  // under two kinds of keys of 2 MiB frames: the frame its address falls in (+ 1), and each
+  // frame whose first byte it holds (+ 1, | k_cover). All are at least 2 MiB, so at most
+  // one starts in a frame, and a pointer's segment is the one starting in its frame below
+  // it, else the one holding its frame's first byte.
   address_table<void, 0> frames;
+  static constexpr std::uintptr_t k_cover = std::uintptr_t{1} << 62;
   std::unordered_map<std::uintptr_t, std::vector<native_stream>> small_uses;  // record_stream
   std::int64_t hits = 0;      // allocations served from this cache without growing
   stat_delta delta;           // statistics changed by the operation under way
@@ -1017,28 +1021,59 @@ struct stream_cache {
   static std::uintptr_t frame_key(std::uintptr_t p) noexcept { return (p >> 21) + 1; }
   static void* frame_value(small_segment* s) noexcept { return s; }
   static void* frame_value(segment* s) noexcept { return reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(s) | 1U); }
-  // The small segment holding `p`, if any: a frame's value (a small_segment*, or a segment*
-  // with bit 0 set), or 0. One or two probes of frames, where a binary search of small_dir
-  // took ~100 instructions and a chain of dependent loads per free over 512 segments (a
-  // 1 GiB working set of 64 KiB blocks). Both records start with their address.
-  [[nodiscard]] std::uintptr_t small_segment_of(std::uintptr_t p) const noexcept
+  // The frames whose first byte [addr, addr + size) holds: [first, last] (none if first > last).
+  static std::pair<std::uintptr_t, std::uintptr_t> covered(std::uintptr_t addr, std::size_t size) noexcept
   {
-    const auto start = [](std::uintptr_t v) { return *reinterpret_cast<const std::uintptr_t*>(v & ~std::uintptr_t{1}); };
-    if (const auto v = reinterpret_cast<std::uintptr_t>(frames.find(frame_key(p))); v != 0 && p >= start(v)) return v;
-    const auto v = reinterpret_cast<std::uintptr_t>(frames.find(frame_key(p) - 1));
-    return v != 0 && p - start(v) < k_small_segment ? v : 0;
+    return {(addr + k_small_segment - 1) >> 21, (addr + size - 1) >> 21};
+  }
+  // How many keys a segment takes in `frames` (for reserve).
+  static std::size_t frame_keys(std::uintptr_t addr, std::size_t size) noexcept
+  {
+    const auto [first, last] = covered(addr, size);
+    return 1 + (last >= first ? last - first + 1 : 0);
+  }
+  // Call frames.reserve(frame_keys(addr, size)) first: then this cannot fail.
+  void add_frames(std::uintptr_t addr, std::size_t size, void* value) noexcept
+  {
+    frames.insert(frame_key(addr), value);
+    const auto [first, last] = covered(addr, size);
+    for (std::uintptr_t f = first; f <= last && first <= last; ++f) frames.insert((f + 1) | k_cover, value);
+  }
+  void remove_frames(std::uintptr_t addr, std::size_t size) noexcept
+  {
+    frames.erase(frame_key(addr));
+    const auto [first, last] = covered(addr, size);
+    for (std::uintptr_t f = first; f <= last && first <= last; ++f) frames.erase((f + 1) | k_cover);
+  }
+  // The segment holding `p`, if any: a frame's value (a small_segment*, or a segment* with
+  // bit 0 set), or 0. One or two probes of frames, where a binary search of small_dir took
+  // ~100 instructions and a chain of dependent loads per free over 512 segments (a 1 GiB
+  // working set of 64 KiB blocks), and a hash table of live large blocks ~120 per pair.
+  // Both records start with their address.
+  [[nodiscard]] std::uintptr_t segment_of(std::uintptr_t p) const noexcept
+  {
+    if (const auto v = reinterpret_cast<std::uintptr_t>(frames.find(frame_key(p)));
+        v != 0 && p >= *reinterpret_cast<const std::uintptr_t*>(v & ~std::uintptr_t{1})) {
+      return v;
+    }
+    const auto v = reinterpret_cast<std::uintptr_t>(frames.find(frame_key(p) | k_cover));
+    if (v == 0) return 0;
+    const std::uintptr_t end = (v & 1U) != 0 ? reinterpret_cast<const segment*>(v & ~std::uintptr_t{1})->addr +
+                                                   reinterpret_cast<const segment*>(v & ~std::uintptr_t{1})->size
+                                             : reinterpret_cast<const small_segment*>(v)->addr + k_small_segment;
+    return p < end ? v : 0;  // p is at or above the frame's first byte, which it holds
   }
   // Call reserve_small() first: then this cannot fail.
   void add_small(small_segment* s) noexcept
   {
     small_dir.insert(small_after(s->addr), {s->addr, s});
-    frames.insert(frame_key(s->addr), frame_value(s));
+    add_frames(s->addr, k_small_segment, frame_value(s));
     s->cache = this;
   }
   void reserve_small(std::size_t n = 1)
   {
     small_dir.reserve(small_dir.size() + n);
-    frames.reserve(n);
+    frames.reserve(2 * n);  // frame_keys() of a 2 MiB segment
   }
   // Moves the small segments of `from` that `pick` selects to this cache, keeping both
   // caches' indexes of them (small_dir in address order, frames); `moved(s)` runs on
@@ -1051,9 +1086,9 @@ struct stream_cache {
     std::erase_if(from.small_dir, [&](const auto& d) {
       small_segment* s = d.second;
       if (!pick(*s)) return false;
-      from.frames.erase(frame_key(s->addr));
+      from.remove_frames(s->addr, k_small_segment);
       small_dir.push_back(d);  // capacity reserved
-      frames.insert(frame_key(s->addr), frame_value(s));
+      add_frames(s->addr, k_small_segment, frame_value(s));
       s->cache = this;
       moved(*s);
       return true;
@@ -1066,7 +1101,7 @@ struct stream_cache {
                                [](const auto& d, std::uintptr_t v) { return d.first < v; });
     if (it != small_dir.end() && it->second == s) {
       small_dir.erase(it);
-      frames.erase(frame_key(s->addr));
+      remove_frames(s->addr, k_small_segment);
     }
   }
 };
@@ -1385,20 +1420,12 @@ struct allocator_core::impl {
     b->requested = bytes;
     b->timed = tracing.load(std::memory_order_relaxed);
     if (b->timed) b->t_alloc = now_ns();
-    hand_over(c, b);  // may throw (growth) before anything is counted
+    hand_over(b);
     c.delta.count_allocation(b->small, b->size, bytes);
   }
 
-  // Records `b` as handed out, where a free finds it (a large block's table may grow and
-  // throw std::bad_alloc, changing nothing).
-  static void hand_over(stream_cache& c, block* b)
-  {
-    if (b->small) {
-      b->seg->handed_slot(b->addr) = b;
-    } else {
-      c.live.insert(b->addr, b);
-    }
-  }
+  // Records `b` as handed out, where a free finds it.
+  static void hand_over(block* b) noexcept { b->seg->handed_slot(b->addr) = b; }
 
   block* take_free(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
   {
@@ -1449,10 +1476,11 @@ struct allocator_core::impl {
     if (over_release_threshold(c) && releasable(*b->seg)) release_segment(c, b->seg);
   }
 
-  // A linked small segment also enters the cache's frames: call c.frames.reserve() first.
+  // The segment also enters the cache's frames: call
+  // c.frames.reserve(stream_cache::frame_keys(s->addr, s->size)) first.
   static void link_segment(stream_cache& c, segment* s) noexcept
   {
-    if (s->small) c.frames.insert(stream_cache::frame_key(s->addr), stream_cache::frame_value(s));
+    c.add_frames(s->addr, s->size, stream_cache::frame_value(s));
     s->cache = &c;
     s->lprev = nullptr;
     s->lnext = c.segments;
@@ -1462,7 +1490,7 @@ struct allocator_core::impl {
 
   static void unlink_segment(stream_cache& c, segment* s) noexcept
   {
-    if (s->small) c.frames.erase(stream_cache::frame_key(s->addr));
+    c.remove_frames(s->addr, s->size);
     if (s->lprev != nullptr) {
       s->lprev->lnext = s->lnext;
     } else {
@@ -1729,10 +1757,12 @@ struct allocator_core::impl {
         const auto movable = [small](const segment* s) {
           return s->small == small && s->head->whole() && s->head->state == block_state::free;
         };
-        std::size_t n = 0;
-        for (const segment* s = other->segments; s != nullptr; s = s->lnext) n += movable(s) ? 1 : 0;
-        if (n == 0) continue;
-        if (small) c.frames.reserve(n);  // may throw: nothing moved yet
+        std::size_t keys = 0;
+        for (const segment* s = other->segments; s != nullptr; s = s->lnext) {
+          if (movable(s)) keys += stream_cache::frame_keys(s->addr, s->size);
+        }
+        if (keys == 0) continue;
+        c.frames.reserve(keys);  // may throw: nothing moved yet
         if (async) up->synchronize_device();
         for (segment* s = other->segments; s != nullptr;) {
           segment* next = s->lnext;
@@ -1879,11 +1909,13 @@ struct allocator_core::impl {
         c.add_small(seg);
         out = {nullptr, seg, 0};
       } else {
-        if (small) c.frames.reserve(1);
+        c.frames.reserve(stream_cache::frame_keys(addr, seg_bytes));
         auto seg = std::make_unique<segment>();
         seg->addr = addr;
         seg->size = seg_bytes;
         seg->small = small;
+        seg->handed_shift = small ? k_small_handed_shift : k_large_handed_shift;
+        seg->handed = std::make_unique<block*[]>(((seg_bytes - 1) >> seg->handed_shift) + 1);
         block* b = new_block(c);
         b->addr = addr;
         b->size = seg_bytes;
@@ -1911,7 +1943,7 @@ struct allocator_core::impl {
   // block leaves where a free finds it (deallocate puts it back if it then refuses).
   static block_ref find_live(stream_cache& c, std::uintptr_t p, bool erase) noexcept
   {
-    const std::uintptr_t owner = c.small_segment_of(p);
+    const std::uintptr_t owner = c.segment_of(p);
     if ((owner & 1U) != 0) {
       block*& slot = reinterpret_cast<segment*>(owner & ~std::uintptr_t{1})->handed_slot(p);
       block* b = slot;
@@ -1930,7 +1962,7 @@ struct allocator_core::impl {
       }
       return {nullptr, s, u};
     }
-    return {erase ? c.live.erase(p) : c.live.find(p), nullptr, 0};
+    return {};
   }
 
   // The common free, finished at once: a block of the locked cache (an operation begun)
@@ -2167,7 +2199,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
   const bool dense = b.large == nullptr;
   const bool small = dense || b.large->small;
   if (expected_bytes != 0 && expected_bytes != requested) {
-    if (!dense) hand_over(c, b.large);
+    if (!dense) hand_over(b.large);
     throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: deallocate(" +
                            hex(addr) + ", " + std::to_string(expected_bytes) +
                            " bytes): the allocation was " + std::to_string(requested) +

@@ -897,6 +897,93 @@ void check_same_stats(const depot::memory_stats& a, const depot::memory_stats& b
   CHECK(a.largest_free_block == b.largest_free_block);
 }
 
+namespace {
+
+// Fake device memory (never touched) whose segments start at any 512-byte offset from the
+// 2 MiB frames, a large segment's end and the next one's start often in one frame: a
+// seeded gap (wasted address space) goes before each segment.
+class scattered_upstream final : public depot::upstream_resource {
+ public:
+  explicit scattered_upstream(std::uint64_t seed) : rng_{seed} {}
+  void* allocate(std::size_t bytes) override
+  {
+    static constexpr std::size_t gaps[] = {512, 64 * KiB + 512, MiB + 1536, 2 * MiB - 512, 3 * MiB + 512};
+    (void)inner_.allocate(gaps[rng_() % std::size(gaps)]);
+    return inner_.allocate(bytes);
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override { inner_.deallocate(p, bytes); }
+  depot::memory_info memory() override { return inner_.memory(); }
+  depot::device_id device() const noexcept override { return inner_.device(); }
+  depot::native_event record_event(depot::native_stream s) override { return inner_.record_event(s); }
+  bool event_done(depot::native_event e) override { return inner_.event_done(e); }
+  void wait_event(depot::native_event e) override { inner_.wait_event(e); }
+  void stream_wait(depot::native_stream s, depot::native_event e) override { inner_.stream_wait(s, e); }
+  void destroy_event(depot::native_event e) noexcept override { inner_.destroy_event(e); }
+  void synchronize_device() override { inner_.synchronize_device(); }
+  [[nodiscard]] std::size_t bad_frees() const { return inner_.current_usage().bad_frees; }
+
+ private:
+  depot::simulated_upstream inner_{std::size_t{1} << 40, {depot::device_kind::cuda, 0}, 512};
+  std::mt19937_64 rng_;
+};
+
+}  // namespace
+
+TEST_CASE("pool: segments at any offset from the 2 MiB frames: every free finds its block")
+{
+  // 6 000 seeded operations over all three pools (1 B - 64 KiB dense, to 1 MiB linked small,
+  // to 70 MiB large) on two streams, segments placed at odd offsets and released now and
+  // then; interior and neighbouring pointers, double frees and wrong sizes refused;
+  // invariants every 50 operations.
+  const auto seed = depot::test::seed("pool scattered segments", 11);
+  std::mt19937_64 rng{seed};
+  auto up = std::make_unique<scattered_upstream>(seed);
+  const scattered_upstream& upstream = *up;
+  depot::allocator_config cfg = quiet_config<depot::host>();
+  depot::detail::allocator_core a{std::move(up), cfg, /*asynchronous=*/false};
+  const depot::native_stream streams[] = {reinterpret_cast<depot::native_stream>(std::uintptr_t{1} << 12),
+                                          reinterpret_cast<depot::native_stream>(std::uintptr_t{2} << 12)};
+  struct live_block {
+    void* p;
+    std::size_t bytes;
+    depot::native_stream stream;
+  };
+  std::vector<live_block> live;
+  for (int op = 0; op < 6000; ++op) {
+    CAPTURE(op);
+    if (live.empty() || rng() % 100 < 55) {
+      const std::size_t limits[] = {64 * KiB, MiB, 70 * MiB};
+      const std::size_t bytes = 1 + rng() % limits[rng() % 3];
+      const depot::native_stream s = streams[rng() % 2];
+      live.push_back({a.allocate(bytes, s), bytes, s});
+    } else {
+      const std::size_t k = rng() % live.size();
+      const live_block b = live[k];
+      auto* c = static_cast<char*>(b.p);
+      if (op % 7 == 0) {
+        for (char* bad : {c + 512, c + 1, c - 512}) {
+          const bool is_live = std::any_of(live.begin(), live.end(), [&](const live_block& x) { return x.p == bad; });
+          if (!is_live) CHECK_THROWS_AS(a.deallocate(bad, nullptr, false, 0), depot::invalid_argument);
+        }
+        CHECK_THROWS_AS(a.deallocate(b.p, b.stream, true, b.bytes + 1), depot::invalid_argument);
+      }
+      a.deallocate(b.p, b.stream, true, b.bytes);
+      if (op % 11 == 0) CHECK_THROWS_AS(a.deallocate(b.p, nullptr, false, 0), depot::invalid_argument);
+      live[k] = live.back();
+      live.pop_back();
+    }
+    if (op % 50 == 0) check_invariants(a.stats(), a.snapshot());
+    if (op % 400 == 399) a.empty_cache();  // whole free segments go; new ones land elsewhere
+  }
+  for (const live_block& b : live) a.deallocate(b.p, nullptr, false, 0);
+  const depot::memory_stats end = a.stats();
+  CHECK(end.allocated_bytes.all.current == 0);
+  check_invariants(end, a.snapshot());
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+  CHECK(upstream.bad_frees() == 0);
+}
+
 TEST_CASE("pool: statistics published in batches equal those published at every operation")
 {
   // One thread, five streams, 20 000 operations (1 B - 3 MiB; frees on the block's stream,
