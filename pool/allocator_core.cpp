@@ -10,11 +10,8 @@
 // touches its own entry and its neighbours' and finds the block's segment by its 2 MiB
 // frame (one or two probes of a per-cache table). Larger small requests (to 1 MiB) and
 // the large pool use linked block records and a two-level segregated fit (power of two,
-// 16 subdivisions, bitmaps): O(1) as well, with few records that stay in cache. A free
-// finds a linked block through the same frame table (which also maps each frame a large
-// segment holds) and the segment's slot for the block's 64 KiB (small) or 1 MiB (large):
-// its blocks are all larger.
-// Locks: each stream_cache has its own mutex and its own segments and blocks it handed out,
+// 16 subdivisions, bitmaps): O(1) as well, with few records that stay in cache.
+// Locks: each stream_cache has its own mutex and its own table of the blocks it handed out,
 // so an allocation or a free on one stream takes one lock, and threads on different streams
 // never meet; a free from another stream searches the other caches. Growth (upstream calls,
 // stealing, out-of-memory handling) takes grow_mu. Statistics: operations gather their
@@ -52,7 +49,6 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
-#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -123,14 +119,6 @@ struct alignas(64) block {
 };
 static_assert(offsetof(block, seg) == 64, "a free's fields fill the first cache line");
 
-// A linked segment's live blocks are all larger than k_dense_request (64 KiB, small pool)
-// or k_small_request (1 MiB, large pool), so at most one starts in each 64 KiB or 1 MiB of
-// it: a free finds its record in a slot by its offset >> 16 or >> 20.
-constexpr unsigned k_small_handed_shift = 16;
-constexpr unsigned k_large_handed_shift = 20;
-static_assert(k_dense_request == std::size_t{1} << k_small_handed_shift);
-static_assert(k_small_request == std::size_t{1} << k_large_handed_shift);
-
 struct segment {  // of the large pool, or of the small pool's linked part
   std::uintptr_t addr = 0;
   std::size_t size = 0;
@@ -140,10 +128,6 @@ struct segment {  // of the large pool, or of the small pool's linked part
   block* head = nullptr;
   segment* lprev = nullptr;  // in the cache's segment list
   segment* lnext = nullptr;
-  // The blocks handed out, by offset >> handed_shift.
-  std::unique_ptr<block*[]> handed;
-  unsigned handed_shift = 0;
-  [[nodiscard]] block*& handed_slot(std::uintptr_t p) const noexcept { return handed[(p - addr) >> handed_shift]; }
 };
 
 // Two-level segregated fit over free blocks of one pool of one stream cache.
@@ -345,10 +329,6 @@ struct small_segment {
     return units[0].size == k_seg_units && units[0].state == block_state::free;
   }
 };
-
-// stream_cache::segment_of reads either record's address through the frame's value.
-static_assert(std::is_standard_layout_v<segment> && offsetof(segment, addr) == 0);
-static_assert(std::is_standard_layout_v<small_segment> && offsetof(small_segment, addr) == 0);
 
 // Small segments by slot, so a free-list link is 32 bits: slot << 12 | unit. The entries
 // of 32 consecutive slots share one 2 MiB slab (a transparent huge page where the kernel
@@ -986,13 +966,10 @@ struct stream_cache {
   // The block records this cache made, k_block_chunk to a heap allocation. A record moves
   // to another cache with its segment; all of them live as long as the allocator.
   std::vector<std::unique_ptr<block[]>> block_chunks;
-  // Every segment of this cache, dense (small_segment) or linked (segment, tagged by bit 0),
-  // under two kinds of keys of 2 MiB frames: the frame its address falls in (+ 1), and each
-  // frame whose first byte it holds (+ 1, | k_cover). All are at least 2 MiB, so at most
-  // one starts in a frame, and a pointer's segment is the one starting in its frame below
-  // it, else the one holding its frame's first byte.
-  address_table<void, 0> frames;
-  static constexpr std::uintptr_t k_cover = std::uintptr_t{1} << 62;
+  address_table<block, 9> live;  // the large blocks of this cache that are handed out, by address
+  // The small segments by the 2 MiB frame their address falls in (+ 1): at most one starts
+  // in a frame, so a pointer's segment is the one starting in its frame or the one before.
+  address_table<small_segment, 0> small_frames;
   std::unordered_map<std::uintptr_t, std::vector<native_stream>> small_uses;  // record_stream
   std::int64_t hits = 0;      // allocations served from this cache without growing
   stat_delta delta;           // statistics changed by the operation under way
@@ -1019,64 +996,29 @@ struct stream_cache {
                             [](std::uintptr_t v, const auto& d) { return v < d.first; });
   }
   static std::uintptr_t frame_key(std::uintptr_t p) noexcept { return (p >> 21) + 1; }
-  static void* frame_value(small_segment* s) noexcept { return s; }
-  static void* frame_value(segment* s) noexcept { return reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(s) | 1U); }
-  // The frames whose first byte [addr, addr + size) holds: [first, last] (none if first > last).
-  static std::pair<std::uintptr_t, std::uintptr_t> covered(std::uintptr_t addr, std::size_t size) noexcept
+  // The small segment holding `p`, or nullptr: one or two probes of small_frames, where a
+  // binary search of small_dir took ~100 instructions and a chain of dependent loads per
+  // free over 512 segments (a 1 GiB working set of 64 KiB blocks).
+  [[nodiscard]] small_segment* small_segment_of(std::uintptr_t p) const noexcept
   {
-    return {(addr + k_small_segment - 1) >> 21, (addr + size - 1) >> 21};
-  }
-  // How many keys a segment takes in `frames` (for reserve).
-  static std::size_t frame_keys(std::uintptr_t addr, std::size_t size) noexcept
-  {
-    const auto [first, last] = covered(addr, size);
-    return 1 + (last >= first ? last - first + 1 : 0);
-  }
-  // Call frames.reserve(frame_keys(addr, size)) first: then this cannot fail.
-  void add_frames(std::uintptr_t addr, std::size_t size, void* value) noexcept
-  {
-    frames.insert(frame_key(addr), value);
-    const auto [first, last] = covered(addr, size);
-    for (std::uintptr_t f = first; f <= last && first <= last; ++f) frames.insert((f + 1) | k_cover, value);
-  }
-  void remove_frames(std::uintptr_t addr, std::size_t size) noexcept
-  {
-    frames.erase(frame_key(addr));
-    const auto [first, last] = covered(addr, size);
-    for (std::uintptr_t f = first; f <= last && first <= last; ++f) frames.erase((f + 1) | k_cover);
-  }
-  // The segment holding `p`, if any: a frame's value (a small_segment*, or a segment* with
-  // bit 0 set), or 0. One or two probes of frames, where a binary search of small_dir took
-  // ~100 instructions and a chain of dependent loads per free over 512 segments (a 1 GiB
-  // working set of 64 KiB blocks), and a hash table of live large blocks ~120 per pair.
-  // Both records start with their address.
-  [[nodiscard]] std::uintptr_t segment_of(std::uintptr_t p) const noexcept
-  {
-    if (const auto v = reinterpret_cast<std::uintptr_t>(frames.find(frame_key(p)));
-        v != 0 && p >= *reinterpret_cast<const std::uintptr_t*>(v & ~std::uintptr_t{1})) {
-      return v;
-    }
-    const auto v = reinterpret_cast<std::uintptr_t>(frames.find(frame_key(p) | k_cover));
-    if (v == 0) return 0;
-    const std::uintptr_t end = (v & 1U) != 0 ? reinterpret_cast<const segment*>(v & ~std::uintptr_t{1})->addr +
-                                                   reinterpret_cast<const segment*>(v & ~std::uintptr_t{1})->size
-                                             : reinterpret_cast<const small_segment*>(v)->addr + k_small_segment;
-    return p < end ? v : 0;  // p is at or above the frame's first byte, which it holds
+    if (small_segment* s = small_frames.find(frame_key(p)); s != nullptr && p >= s->addr) return s;
+    small_segment* s = small_frames.find(frame_key(p) - 1);
+    return s != nullptr && p - s->addr < k_small_segment ? s : nullptr;
   }
   // Call reserve_small() first: then this cannot fail.
   void add_small(small_segment* s) noexcept
   {
     small_dir.insert(small_after(s->addr), {s->addr, s});
-    add_frames(s->addr, k_small_segment, frame_value(s));
+    small_frames.insert(frame_key(s->addr), s);
     s->cache = this;
   }
   void reserve_small(std::size_t n = 1)
   {
     small_dir.reserve(small_dir.size() + n);
-    frames.reserve(2 * n);  // frame_keys() of a 2 MiB segment
+    small_frames.reserve(n);
   }
   // Moves the small segments of `from` that `pick` selects to this cache, keeping both
-  // caches' indexes of them (small_dir in address order, frames); `moved(s)` runs on
+  // caches' indexes of them (small_dir in address order, small_frames); `moved(s)` runs on
   // each as it moves (both caches locked). Call reserve_small(n) for them first: then this
   // cannot fail.
   template <class Pick, class Moved>
@@ -1086,9 +1028,9 @@ struct stream_cache {
     std::erase_if(from.small_dir, [&](const auto& d) {
       small_segment* s = d.second;
       if (!pick(*s)) return false;
-      from.remove_frames(s->addr, k_small_segment);
+      from.small_frames.erase(frame_key(s->addr));
       small_dir.push_back(d);  // capacity reserved
-      add_frames(s->addr, k_small_segment, frame_value(s));
+      small_frames.insert(frame_key(s->addr), s);
       s->cache = this;
       moved(*s);
       return true;
@@ -1101,7 +1043,7 @@ struct stream_cache {
                                [](const auto& d, std::uintptr_t v) { return d.first < v; });
     if (it != small_dir.end() && it->second == s) {
       small_dir.erase(it);
-      remove_frames(s->addr, k_small_segment);
+      small_frames.erase(frame_key(s->addr));
     }
   }
 };
@@ -1420,12 +1362,9 @@ struct allocator_core::impl {
     b->requested = bytes;
     b->timed = tracing.load(std::memory_order_relaxed);
     if (b->timed) b->t_alloc = now_ns();
-    hand_over(b);
+    c.live.insert(b->addr, b);  // may throw (growth) before anything is counted
     c.delta.count_allocation(b->small, b->size, bytes);
   }
-
-  // Records `b` as handed out, where a free finds it.
-  static void hand_over(block* b) noexcept { b->seg->handed_slot(b->addr) = b; }
 
   block* take_free(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
   {
@@ -1476,11 +1415,8 @@ struct allocator_core::impl {
     if (over_release_threshold(c) && releasable(*b->seg)) release_segment(c, b->seg);
   }
 
-  // The segment also enters the cache's frames: call
-  // c.frames.reserve(stream_cache::frame_keys(s->addr, s->size)) first.
-  static void link_segment(stream_cache& c, segment* s) noexcept
+  void link_segment(stream_cache& c, segment* s) noexcept
   {
-    c.add_frames(s->addr, s->size, stream_cache::frame_value(s));
     s->cache = &c;
     s->lprev = nullptr;
     s->lnext = c.segments;
@@ -1488,9 +1424,8 @@ struct allocator_core::impl {
     c.segments = s;
   }
 
-  static void unlink_segment(stream_cache& c, segment* s) noexcept
+  void unlink_segment(stream_cache& c, segment* s) noexcept
   {
-    c.remove_frames(s->addr, s->size);
     if (s->lprev != nullptr) {
       s->lprev->lnext = s->lnext;
     } else {
@@ -1757,12 +1692,9 @@ struct allocator_core::impl {
         const auto movable = [small](const segment* s) {
           return s->small == small && s->head->whole() && s->head->state == block_state::free;
         };
-        std::size_t keys = 0;
-        for (const segment* s = other->segments; s != nullptr; s = s->lnext) {
-          if (movable(s)) keys += stream_cache::frame_keys(s->addr, s->size);
-        }
-        if (keys == 0) continue;
-        c.frames.reserve(keys);  // may throw: nothing moved yet
+        bool any = false;
+        for (const segment* s = other->segments; s != nullptr && !any; s = s->lnext) any = movable(s);
+        if (!any) continue;
         if (async) up->synchronize_device();
         for (segment* s = other->segments; s != nullptr;) {
           segment* next = s->lnext;
@@ -1909,13 +1841,10 @@ struct allocator_core::impl {
         c.add_small(seg);
         out = {nullptr, seg, 0};
       } else {
-        c.frames.reserve(stream_cache::frame_keys(addr, seg_bytes));
         auto seg = std::make_unique<segment>();
         seg->addr = addr;
         seg->size = seg_bytes;
         seg->small = small;
-        seg->handed_shift = small ? k_small_handed_shift : k_large_handed_shift;
-        seg->handed = std::make_unique<block*[]>(((seg_bytes - 1) >> seg->handed_shift) + 1);
         block* b = new_block(c);
         b->addr = addr;
         b->size = seg_bytes;
@@ -1939,20 +1868,11 @@ struct allocator_core::impl {
     return out;
   }
 
-  // The live block at `p` in cache `c` (caller holds c.mu), or nothing. `erase`: a linked
-  // block leaves where a free finds it (deallocate puts it back if it then refuses).
+  // The live block at `p` in cache `c` (caller holds c.mu), or nothing. `erase`: a large
+  // block leaves the table of live blocks (deallocate puts it back if it then refuses).
   static block_ref find_live(stream_cache& c, std::uintptr_t p, bool erase) noexcept
   {
-    const std::uintptr_t owner = c.segment_of(p);
-    if ((owner & 1U) != 0) {
-      block*& slot = reinterpret_cast<segment*>(owner & ~std::uintptr_t{1})->handed_slot(p);
-      block* b = slot;
-      if (b == nullptr || b->addr != p) return {};
-      if (erase) slot = nullptr;
-      return {b, nullptr, 0};
-    }
-    if (owner != 0) {
-      auto* s = reinterpret_cast<small_segment*>(owner);
+    if (small_segment* s = c.small_segment_of(p)) {
       const std::uintptr_t off = p - s->addr;
       const auto u = static_cast<unsigned>(off >> k_unit_shift);
       const unit_entry& e = s->units[u];
@@ -1962,7 +1882,7 @@ struct allocator_core::impl {
       }
       return {nullptr, s, u};
     }
-    return {};
+    return {erase ? c.live.erase(p) : c.live.find(p), nullptr, 0};
   }
 
   // The common free, finished at once: a block of the locked cache (an operation begun)
@@ -2199,7 +2119,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
   const bool dense = b.large == nullptr;
   const bool small = dense || b.large->small;
   if (expected_bytes != 0 && expected_bytes != requested) {
-    if (!dense) hand_over(b.large);
+    if (!dense) c.live.insert(addr, b.large);
     throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: deallocate(" +
                            hex(addr) + ", " + std::to_string(expected_bytes) +
                            " bytes): the allocation was " + std::to_string(requested) +
