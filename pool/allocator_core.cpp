@@ -1312,7 +1312,7 @@ struct allocator_core::impl {
   // ---- the large pool: linked block records ------------------------------------------------
 
   // Index a free block (caller holds c.mu).
-  void index(stream_cache& c, block* b) noexcept
+  [[gnu::always_inline]] void index(stream_cache& c, block* b) noexcept
   {
     b->state = block_state::free;
     b->counted_split = !b->whole();
@@ -1320,7 +1320,7 @@ struct allocator_core::impl {
     c.pools[b->small ? 1 : 0].insert(b);
   }
 
-  void unindex(stream_cache& c, block* b) noexcept
+  [[gnu::always_inline]] void unindex(stream_cache& c, block* b) noexcept
   {
     c.pools[b->small ? 1 : 0].remove(b);
     if (b->counted_split) c.delta.sub_split(b->small, b->size);
@@ -1355,7 +1355,7 @@ struct allocator_core::impl {
   }
 
   // Hands out `b` (not indexed) for a request of `bytes` (caller holds c.mu).
-  void hand_out(stream_cache& c, block* b, std::size_t size, std::size_t bytes)
+  [[gnu::always_inline]] void hand_out(stream_cache& c, block* b, std::size_t size, std::size_t bytes)
   {
     split(c, b, size);
     b->state = block_state::allocated;
@@ -1388,7 +1388,7 @@ struct allocator_core::impl {
   }
 
   // Back to the cache: merge with free neighbours, index (caller holds c.mu).
-  void release_block(stream_cache& c, block* b)
+  [[gnu::always_inline]] void release_block(stream_cache& c, block* b)
   {
     c.delta.sub_active(b->small, b->size);
     b->requested = 0;
