@@ -1676,14 +1676,15 @@ struct allocator_core::impl {
       // have destroyed since (a raw handle cannot tell): order by finishing the device's
       // work instead. This is the miss path, in place of an upstream allocation.
       if (want_dense) {
+        const auto movable = [](const small_segment& s) { return s.whole_free(); };
         auto& from = other->small_dir;
         const auto n = static_cast<std::size_t>(
-            std::count_if(from.begin(), from.end(), [](const auto& d) { return d.second->whole_free(); }));
+            std::count_if(from.begin(), from.end(), [&](const auto& d) { return movable(*d.second); }));
         if (n == 0) continue;
         c.reserve_small(n);  // may throw: nothing changed yet
         if (async) up->synchronize_device();
         c.take_small_from(
-            *other, [](const small_segment& s) { return s.whole_free(); },
+            *other, movable,
             [&](small_segment& s) {
               small_unindex(*other, s, 0);
               small_index(c, s, 0);
