@@ -1162,13 +1162,12 @@ struct allocator_core::impl {
 
   std::mutex grow_mu;
 
+  // Changes to these figures by an operation on a cache are gathered in its delta
+  // (stat_delta's count_*, add_split, sub_split, sub_active, change_segments; caller holds
+  // c.mu), published when due as c.mu is given back, or before any reader looks.
   // mutable: readers (stats(), snapshots) publish the caches' deltas before they read,
   // which changes no figure they could see.
   mutable shared_stats figures;
-
-  // Changes to the shared figures by an operation on a cache are gathered in its delta
-  // (stat_delta's count_*, add_split, sub_split, sub_active, change_segments; caller holds
-  // c.mu), published when due as c.mu is given back, or before any reader looks.
 
   // Before an allocation or free on `c` (no cache lock held): when this thread's previous
   // one here was on another cache, that cache's delta is published, so at most one cache
