@@ -860,7 +860,9 @@ struct shared_stats {
   // peaks asked for): then it is kept, and marked.
   [[gnu::noinline]] void settle(stat_delta& d) noexcept
   {
-    if (stat_delta* o = overdrawn.load(std::memory_order_relaxed); o != nullptr && o != &d) {
+    // acquire: pairs with the release below, so the kept delta's cache (made by another
+    // thread) is seen whole before its lock is tried.
+    if (stat_delta* o = overdrawn.load(std::memory_order_acquire); o != nullptr && o != &d) {
       if (o->owner->try_lock()) {
         if (o->overdrawn) publish(*o);
         o->owner->unlock();
@@ -873,7 +875,7 @@ struct shared_stats {
     }
     if ((d.due & stat_delta::due_drift) != 0 && !d.overdrawn) {
       d.overdrawn = true;
-      overdrawn.store(&d, std::memory_order_relaxed);
+      overdrawn.store(&d, std::memory_order_release);
     }
     d.due = 0;
   }
