@@ -133,12 +133,20 @@ allocator_config allocator_config::parse(std::string_view text)
       const auto v = parse_bytes(key, value, range);
       if (v > (std::size_t{1} << 40)) bad(key, value, range);
       c.stats_batch = v;
+    } else if (key == "expandable_segments") {
+      if (value == "true" || value == "True" || value == "1") {
+        c.expandable_segments = true;
+      } else if (value == "false" || value == "False" || value == "0") {
+        c.expandable_segments = false;
+      } else {
+        bad(key, value, "true or false (also True/False, 1/0)");
+      }
     } else {
       throw invalid_argument(
           "depot: DEPOT_ALLOC_CONF: unknown key '" + std::string{key} +
           "'; known keys: max_split_size (or max_split_size_mb), roundup_power2_divisions, "
           "garbage_collection_threshold, release_threshold (or release_threshold_mb), "
-          "per_process_memory_fraction, trace_capacity, stats_batch");
+          "per_process_memory_fraction, trace_capacity, stats_batch, expandable_segments");
     }
   }
   return c;
@@ -166,6 +174,7 @@ std::string allocator_config::to_string() const
     add("per_process_memory_fraction:" + std::to_string(per_process_memory_fraction));
   if (trace_capacity != 0) add("trace_capacity:" + std::to_string(trace_capacity));
   if (stats_batch != allocator_config{}.stats_batch) add("stats_batch:" + std::to_string(stats_batch));
+  if (expandable_segments) add("expandable_segments:true");
   return s;
 }
 

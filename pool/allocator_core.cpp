@@ -121,11 +121,17 @@ static_assert(offsetof(block, seg) == 64, "a free's fields fill the first cache 
 
 struct segment {  // of the large pool, or of the small pool's linked part
   std::uintptr_t addr = 0;
-  std::size_t size = 0;
+  std::size_t size = 0;  // bytes mapped (of an expandable segment: from addr on)
   bool small = false;
   bool exported = false;  // shared with other processes: never released while the allocator lives
   stream_cache* cache = nullptr;
   block* head = nullptr;
+  block* last = nullptr;  // the block that ends it
+  // An expandable segment (allocator_config::expandable_segments): `reserved` bytes of
+  // addresses from addr, of which the first `size` are mapped, one upstream vm_map per page
+  // (maps[i]: the handle of page i). 0 for an ordinary segment.
+  std::size_t reserved = 0;
+  std::vector<std::uint64_t> maps;
   segment* lprev = nullptr;  // in the cache's segment list
   segment* lnext = nullptr;
 };
@@ -699,12 +705,16 @@ struct stat_delta {
   void change_segments(bool small, std::size_t bytes, int sign) noexcept
   {
     const unsigned p = small ? 8U : 0U;
-    net[p + q_reserved] += sign * static_cast<std::int64_t>(bytes);
+    change_mapped(small, bytes, sign);
     net[p + q_num_segments] += sign;
-    if (sign > 0) {
-      added[p + q_reserved] += static_cast<std::int64_t>(bytes);
-      added[p + q_num_segments] += 1;
-    }
+    if (sign > 0) added[p + q_num_segments] += 1;
+  }
+  // Pages mapped into (sign +1) or unmapped from (-1) an expandable segment.
+  void change_mapped(bool small, std::size_t bytes, int sign) noexcept
+  {
+    const unsigned p = small ? 8U : 0U;
+    net[p + q_reserved] += sign * static_cast<std::int64_t>(bytes);
+    if (sign > 0) added[p + q_reserved] += static_cast<std::int64_t>(bytes);
     op |= op_general;
     due |= due_now;
   }
@@ -965,6 +975,7 @@ struct stream_cache {
   std::array<free_index, 2> pools;           // free linked blocks: [0] large, [1] small
   small_free_index small;                    // free blocks of dense small segments
   segment* segments = nullptr;               // linked segments
+  segment* growing = nullptr;                // its expandable segment, which grows (one of `segments`)
   std::vector<std::pair<std::uintptr_t, small_segment*>> small_dir;  // small segments by address
   std::vector<std::pair<native_event, block_ref>> pending;
   block* spare = nullptr;  // recycled block records, linked through `next`
@@ -1133,6 +1144,14 @@ struct allocator_core::impl {
                 ? k_unlimited
                 : static_cast<std::size_t>(static_cast<double>(total) * cfg.per_process_memory_fraction);
     if (cfg.trace_capacity > 0) set_trace_capacity(cfg.trace_capacity);
+    if (cfg.expandable_segments) {
+      // A page the size classes' rounding (2 MiB) divides; addresses for the whole allowed total.
+      if (const std::size_t g = up->vm_page(); g != 0) {
+        vm_page = (std::max(g, k_large_round) + g - 1) / g * g;
+        const std::size_t allowed = limit != k_unlimited ? limit : total;
+        vm_span = std::max((allowed + vm_page - 1) / vm_page * vm_page, vm_page);
+      }
+    }
   }
 
   ~impl()
@@ -1142,7 +1161,7 @@ struct allocator_core::impl {
       for (auto& [e, b] : c->pending) up->destroy_event(e);
       for (segment* s = c->segments; s != nullptr;) {
         segment* next = s->lnext;
-        up->deallocate(reinterpret_cast<void*>(s->addr), s->size);  // (its block records: chunks)
+        give_back(*s);  // (its block records: chunks)
         delete s;
         s = next;
       }
@@ -1156,6 +1175,8 @@ struct allocator_core::impl {
   device_id dev;
   std::uint64_t id = next_allocator_id.fetch_add(1);
   std::size_t limit = k_unlimited;
+  std::size_t vm_page = 0;  // expandable segments: the page they map (0: they are off)
+  std::size_t vm_span = 0;  // and the addresses each reserves
 
   segment_table small_table;
   mutable std::shared_mutex registry_mu;
@@ -1334,7 +1355,7 @@ struct allocator_core::impl {
   bool oversize(const block* b, std::size_t size) const noexcept
   {
     const std::size_t m = cfg.max_split_size;
-    if (m == k_unlimited) return false;
+    if (m == k_unlimited || b->seg->reserved != 0) return false;  // (expandable: always split)
     return (size < m && b->size >= m) || (size >= m && b->size >= size + k_oversize_slack);
   }
 
@@ -1343,7 +1364,7 @@ struct allocator_core::impl {
   {
     const std::size_t rest = b->size - size;
     const bool worth = b->small ? rest >= k_align
-                                     : rest > k_small_request && b->size < cfg.max_split_size;
+                                : rest > k_small_request && (b->size < cfg.max_split_size || b->seg->reserved != 0);
     if (!worth) return;
     block* r = new_block(c);
     r->addr = b->addr + size;
@@ -1352,7 +1373,11 @@ struct allocator_core::impl {
     r->small = b->small;
     r->prev = b;
     r->next = b->next;
-    if (b->next != nullptr) b->next->prev = r;
+    if (b->next != nullptr) {
+      b->next->prev = r;
+    } else {
+      r->seg->last = r;
+    }
     b->next = r;
     b->size = size;
     index(c, r);
@@ -1404,7 +1429,11 @@ struct allocator_core::impl {
       unindex(c, p);
       p->size += b->size;
       p->next = b->next;
-      if (b->next != nullptr) b->next->prev = p;
+      if (b->next != nullptr) {
+        b->next->prev = p;
+      } else {
+        p->seg->last = p;
+      }
       c.recycle(b);
       b = p;
     }
@@ -1412,11 +1441,21 @@ struct allocator_core::impl {
       unindex(c, n);
       b->size += n->size;
       b->next = n->next;
-      if (n->next != nullptr) n->next->prev = b;
+      if (n->next != nullptr) {
+        n->next->prev = b;
+      } else {
+        b->seg->last = b;
+      }
       c.recycle(n);
     }
     index(c, b);
-    if (over_release_threshold(c) && releasable(*b->seg)) release_segment(c, b->seg);
+    if (over_release_threshold(c)) [[unlikely]] {
+      if (releasable(*b->seg)) {
+        release_segment(c, b->seg);
+      } else if (b->next == nullptr && b->seg->reserved != 0) {
+        trim(c, b->seg);
+      }
+    }
   }
 
   void link_segment(stream_cache& c, segment* s) noexcept
@@ -1447,9 +1486,59 @@ struct allocator_core::impl {
     unlink_segment(c, s);
     c.delta.change_segments(s->small, s->size, -1);
     record(event_of(trace_kind::segment_free, s->addr, s->size, 0, c.stream));
-    up->deallocate(reinterpret_cast<void*>(s->addr), s->size);
+    give_back(*s);
+    if (c.growing == s) c.growing = nullptr;
     c.recycle(b);
     delete s;
+  }
+
+  // A segment's memory back to the upstream: unmapped page by page and its addresses given
+  // back when expandable.
+  void give_back(const segment& s) noexcept
+  {
+    if (s.reserved == 0) {
+      up->deallocate(reinterpret_cast<void*>(s.addr), s.size);
+      return;
+    }
+    unmap_pages(s, 0, s.size / vm_page);
+    up->vm_release(reinterpret_cast<void*>(s.addr), s.reserved);
+  }
+  void unmap_pages(const segment& s, std::size_t from, std::size_t to) noexcept
+  {
+    for (std::size_t i = to; i-- > from;) {
+      up->vm_unmap(reinterpret_cast<void*>(s.addr + i * vm_page), vm_page, s.maps[i]);
+    }
+  }
+
+  // Unmaps the whole free pages at the end of expandable segment s (caller holds c.mu): its
+  // last block, when free, shrinks to its start rounded up to a page, or goes; a segment
+  // wholly free goes back whole.
+  void trim(stream_cache& c, segment* s) noexcept
+  {
+    block* t = s->last;
+    if (t->state != block_state::free || s->exported) return;
+    if (t == s->head) {
+      release_segment(c, s);
+      return;
+    }
+    const std::uintptr_t end = s->addr + s->size;
+    const std::uintptr_t cut = (t->addr - s->addr + vm_page - 1) / vm_page * vm_page + s->addr;
+    if (cut >= end) return;
+    const std::size_t bytes = end - cut;
+    unindex(c, t);
+    if (cut == t->addr) {
+      t->prev->next = nullptr;
+      s->last = t->prev;
+      c.recycle(t);
+    } else {
+      t->size -= bytes;
+      index(c, t);
+    }
+    unmap_pages(*s, (cut - s->addr) / vm_page, s->size / vm_page);
+    s->size -= bytes;
+    s->maps.resize(s->size / vm_page);
+    c.delta.change_mapped(false, bytes, -1);
+    record(event_of(trace_kind::segment_unmap, cut, bytes, 0, c.stream));
   }
 
   // ---- the small pool: entries in address order ---------------------------------------------
@@ -1623,7 +1712,11 @@ struct allocator_core::impl {
   {
     for (segment* s = c.segments; s != nullptr;) {
       segment* next = s->lnext;
-      if (releasable(*s)) release_segment(c, s);
+      if (releasable(*s)) {
+        release_segment(c, s);
+      } else if (s->reserved != 0) {
+        trim(c, s);
+      }
       s = next;
     }
     for (std::size_t i = c.small_dir.size(); i-- > 0;) {
@@ -1708,6 +1801,8 @@ struct allocator_core::impl {
             unlink_segment(*other, s);
             link_segment(c, s);
             index(c, s->head);
+            if (other->growing == s) other->growing = nullptr;  // (an expandable one grows where it is)
+            if (s->reserved != 0 && c.growing == nullptr) c.growing = s;
           }
           s = next;
         }
@@ -1795,6 +1890,95 @@ struct allocator_core::impl {
     return {take_free(c, size, small, bytes), nullptr, 0};
   }
 
+  // Maps the pages a large request of `size` needs at the end of this cache's expandable
+  // segment (reserving one first if it has none), beyond its last block when that is free,
+  // then takes the block (caller holds grow_mu, not c.mu). Nothing when the limit, the
+  // upstream or the reservation refuses; nothing changed then.
+  block_ref expand(stream_cache& c, std::size_t size, std::size_t bytes)
+  {
+    cache_lock g{figures, c};
+    if (block_ref b = take(c, size, false, bytes); b.found()) return b;
+    segment* s = c.growing;
+    block* t = s != nullptr ? s->last : nullptr;
+    const std::size_t have = t != nullptr && t->state == block_state::free ? t->size : 0;
+    const std::size_t need = (size > have ? size - have + vm_page - 1 : vm_page) / vm_page * vm_page;
+    const auto reserved = static_cast<std::size_t>(figures.total(q_reserved));
+    if (limit != k_unlimited && reserved + need > limit) return {};
+    if (s != nullptr && s->size + need > s->reserved) return {};
+    if (c.spare == nullptr) c.add_block_chunk();  // the records below cannot throw
+    std::unique_ptr<segment> fresh;
+    if (s == nullptr) {
+      fresh = std::make_unique<segment>();
+      try {
+        fresh->addr = reinterpret_cast<std::uintptr_t>(up->vm_reserve(vm_span));
+      } catch (const out_of_memory&) {
+        return {};
+      }
+      fresh->reserved = vm_span;
+      s = fresh.get();
+    }
+    const std::size_t first = s->size / vm_page;
+    const std::size_t count = need / vm_page;
+    std::size_t done = 0;
+    const auto undo = [&]() noexcept {
+      for (std::size_t i = first + done; i-- > first;) {
+        up->vm_unmap(reinterpret_cast<void*>(s->addr + i * vm_page), vm_page, s->maps[i]);
+      }
+      s->maps.resize(first);
+      if (fresh) up->vm_release(reinterpret_cast<void*>(s->addr), s->reserved);
+    };
+    try {
+      s->maps.resize(first + count);
+      for (; done < count; ++done) {
+        s->maps[first + done] = up->vm_map(reinterpret_cast<void*>(s->addr + (first + done) * vm_page), vm_page);
+      }
+    } catch (const out_of_memory&) {
+      undo();
+      return {};
+    } catch (...) {
+      undo();
+      throw;
+    }
+    const std::uintptr_t at = s->addr + s->size;
+    if (fresh) {
+      block* b = new_block(c);
+      b->addr = s->addr;
+      b->size = need;
+      b->seg = s;
+      s->head = s->last = b;
+      s->size = need;
+      link_segment(c, fresh.release());
+      c.growing = s;
+      index(c, b);
+      record(event_of(trace_kind::segment_allocate, s->addr, need, 0, c.stream));
+      c.delta.change_segments(false, need, +1);
+    } else {
+      if (have != 0) {
+        unindex(c, t);
+        t->size += need;
+        index(c, t);
+      } else {
+        block* r = new_block(c);
+        r->addr = at;
+        r->size = need;
+        r->seg = s;
+        r->prev = t;
+        t->next = r;
+        s->last = r;
+        index(c, r);
+      }
+      s->size += need;
+      record(event_of(trace_kind::segment_map, at, need, 0, c.stream));
+      c.delta.change_mapped(false, need, +1);
+    }
+    // The last block now fits: hand it out (the index's search of size's own class is
+    // bounded, so take() could miss it).
+    block* b = s->last;
+    unindex(c, b);
+    hand_out(c, b, size, bytes);
+    return {b, nullptr, 0};
+  }
+
   block_ref allocate_miss(stream_cache& c, std::size_t size, bool small, std::size_t bytes,
                           native_stream s)
   {
@@ -1804,6 +1988,7 @@ struct allocator_core::impl {
       if (block_ref b = take(c, size, small, bytes); b.found()) return b;
     }
     if (block_ref b = steal(c, size, small, bytes); b.found()) return b;
+    if (!small && vm_page != 0) return allocate_expanding(c, size, bytes, s);
 
     std::size_t seg_bytes = segment_size(size, small);
     if (cfg.garbage_collection_threshold > 0.0) {
@@ -1864,6 +2049,7 @@ struct allocator_core::impl {
         b->seg = seg.get();
         b->small = small;
         seg->head = b;
+        seg->last = b;
         link_segment(c, seg.release());
         out = {b, nullptr, 0};
       }
@@ -1879,6 +2065,29 @@ struct allocator_core::impl {
       hand_out(c, out.large, size, bytes);
     }
     return out;
+  }
+
+  // allocate_miss of a large block with expandable segments: the same retries, mapping
+  // pages in place of new segments.
+  block_ref allocate_expanding(stream_cache& c, std::size_t size, std::size_t bytes, native_stream s)
+  {
+    if (cfg.garbage_collection_threshold > 0.0) {
+      const double cap = static_cast<double>(limit != k_unlimited ? limit : up->memory().total_bytes);
+      if (static_cast<double>(figures.total(q_reserved) + static_cast<std::int64_t>(size)) >
+          cfg.garbage_collection_threshold * cap) {
+        flush_all(false);
+      }
+    }
+    if (block_ref b = expand(c, size, bytes); b.found()) return b;
+    retries.fetch_add(1);
+    flush_all(true);
+    if (block_ref b = steal(c, size, false, bytes); b.found()) return b;
+    if (block_ref b = expand(c, size, bytes); b.found()) return b;
+    const bool capped = limit != k_unlimited && static_cast<std::size_t>(figures.total(q_reserved)) + size > limit;
+    throw_oom(bytes, size, s,
+              capped ? "the per-process limit is reached"
+                     : "mapping " + format_bytes(size) +
+                           " more into the stream's expandable segment failed after releasing the cache");
   }
 
   // The live block at `p` in cache `c` (caller holds c.mu), or nothing. `erase`: a large
@@ -2214,6 +2423,13 @@ ipc_handle allocator_core::ipc_export(void* ptr)
   impl& m = *impl_;
   auto [b, lock] = m.lookup(ptr, m.hint_for(nullptr, false), false);
   const std::uintptr_t base = b.large != nullptr ? b.large->seg->addr : b.seg->addr;
+  if (b.large != nullptr && b.large->seg->reserved != 0) {
+    throw error("depot: " + m.dev.to_string() + " caching allocator: ipc_export of " + hex(impl::address_of(b)) +
+                    ": the block lies in an expandable segment (memory mapped page by page), which "
+                    "cannot be shared with another process; allocate blocks to share from an "
+                    "allocator without expandable_segments",
+                "ipc_export", __FILE__, __LINE__, 0, "not_supported");
+  }
   bool& exported = b.large != nullptr ? b.large->seg->exported : b.seg->exported;
   ipc_handle h;
   h.memory = m.up->ipc_export(reinterpret_cast<void*>(base));  // throws: nothing changed
@@ -2245,6 +2461,7 @@ allocator_snapshot allocator_core::snapshot() const
       si.small_pool = s->small;
       si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
       si.exported = s->exported;
+      si.reserved = s->reserved;
       for (const block* b = s->head; b != nullptr; b = b->next) {
         si.blocks.push_back(block_info{b->addr, b->size,
                                        b->state == block_state::free ? 0 : b->requested, b->state});
@@ -2302,6 +2519,7 @@ void allocator_core::reset_memory_stats()
 void allocator_core::set_trace_capacity(std::size_t events) { impl_->set_trace_capacity(events); }
 
 const allocator_config& allocator_core::config() const noexcept { return impl_->cfg; }
+std::size_t allocator_core::expandable_page() const noexcept { return impl_->vm_page; }
 
 device_id allocator_core::device() const noexcept { return impl_->dev; }
 

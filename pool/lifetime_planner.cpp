@@ -677,7 +677,9 @@ lifetime_planner::lifetime_planner(const recorded_trace& trace, std::size_t alig
       }
       case trace_kind::out_of_memory: ++out_of_memory_events_; break;
       case trace_kind::segment_allocate:
-      case trace_kind::segment_free: break;
+      case trace_kind::segment_free:
+      case trace_kind::segment_map:
+      case trace_kind::segment_unmap: break;
     }
   }
   const std::uint64_t end = trace.events.size();

@@ -43,6 +43,7 @@ std::string allocator_snapshot::to_json() const
                     {"pool", s.small_pool ? "small" : "large"},
                     {"stream", s.stream},
                     {"exported", s.exported},
+                    {"reserved_addresses", s.reserved},
                     {"blocks", std::move(blocks)}});
   }
   return nlohmann::json{{"format", "depot.snapshot.v1"}, {"device", device.to_string()}, {"segments", segs}}
@@ -72,6 +73,13 @@ std::string allocator_core::summary() const
   std::string out = "depot caching allocator " + device().to_string();
   const std::string conf = config().to_string();
   out += conf.empty() ? " (default settings)\n" : " (" + conf + ")\n";
+  if (config().expandable_segments) {
+    out += expandable_page() != 0
+               ? "expandable segments: large blocks map " + format_bytes(expandable_page()) +
+                     " pages into one address range per stream\n"
+               : "expandable segments: not available (this upstream cannot map memory into reserved "
+                 "addresses): ordinary segments\n";
+  }
   char line[160];
   std::snprintf(line, sizeof line, "%-22s %-6s %12s %12s %12s %12s\n", "", "pool", "current", "peak",
                 "allocated", "freed");

@@ -260,7 +260,8 @@ recorded_trace parse_rmm_csv(std::string_view text, std::string_view name)
 std::optional<trace_kind> kind_from_name(std::string_view s)
 {
   for (trace_kind k : {trace_kind::allocate, trace_kind::free, trace_kind::segment_allocate,
-                       trace_kind::segment_free, trace_kind::out_of_memory}) {
+                       trace_kind::segment_free, trace_kind::segment_map, trace_kind::segment_unmap,
+                       trace_kind::out_of_memory}) {
     if (to_string(k) == s) return k;
   }
   return std::nullopt;
@@ -435,7 +436,7 @@ class trace_sax {
 
   [[noreturn]] void field_error(const std::string& got)
   {
-    const char* expected = field_index_ == f_kind        ? "one of alloc, free, segment_alloc, segment_free, oom"
+    const char* expected = field_index_ == f_kind        ? "one of alloc, free, segment_alloc, segment_free, segment_map, segment_unmap, oom"
                            : field_index_ == f_cache_hit ? "true or false"
                                                          : "a non-negative integer";
     fail(name_, event_where() + "field '" + field_ + "': expected " + expected + ", got " + got);
@@ -645,6 +646,12 @@ allocator_snapshot parse_snapshot(std::string_view text, std::string_view name)
     if (const auto ex = s.find("exported"); ex != s.end()) {  // optional: files before it lack it
       if (!ex->is_boolean()) sfail(sw + "field 'exported': expected true or false, got " + ex->dump());
       seg.exported = ex->get<bool>();
+    }
+    if (const auto rv = s.find("reserved_addresses"); rv != s.end()) {  // optional: files before it lack it
+      if (!rv->is_number_unsigned()) {
+        sfail(sw + "field 'reserved_addresses': expected a non-negative integer, got " + rv->dump());
+      }
+      seg.reserved = rv->get<std::size_t>();
     }
     const auto blocks = s.find("blocks");
     if (blocks == s.end()) sfail(sw + "required field 'blocks' is missing");

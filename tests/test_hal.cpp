@@ -432,3 +432,48 @@ TEST_CASE_TEMPLATE("hal: the backend's stream-ordered allocator", D, DEPOT_TEST_
   CHECK_THROWS_AS((void)rt::allocate_async(64, rt::device_count(), s.native()),
                   depot::invalid_argument);
 }
+
+TEST_CASE_TEMPLATE("hal: virtual memory reserves, maps page by page, unmaps and releases", D,
+                   DEPOT_TEST_DEVICES)
+{
+  using rt = depot::runtime<D>;
+  const std::size_t page = rt::vm_page(0);
+  REQUIRE(page != 0);  // the host backend and every CUDA device since Pascal (HIP: gfx90a on)
+  CAPTURE(page);
+  CHECK((page & (page - 1)) == 0);
+  const std::size_t span = 64 * page;
+  void* base = rt::vm_reserve(span, 0);
+  REQUIRE(base != nullptr);
+  CHECK(reinterpret_cast<std::uintptr_t>(base) % page == 0);
+  // Three pages, each its own mapping; data written across their boundaries survives.
+  auto* b = static_cast<unsigned char*>(base);
+  std::vector<std::uint64_t> handles;
+  for (std::size_t i = 0; i < 3; ++i) handles.push_back(rt::vm_map(b + i * page, page, 0));
+  const std::size_t n = 3 * page;
+  std::vector<unsigned char> src(n);
+  std::mt19937 rng{depot::test::seed("hal vm", 7)};
+  for (auto& x : src) x = static_cast<unsigned char>(rng());
+  rt::copy(b, src.data(), n);
+  std::vector<unsigned char> back(n, 0);
+  rt::copy(back.data(), b, n);
+  CHECK(std::memcmp(back.data(), src.data(), n) == 0);
+  // The last page goes, the first two keep their data; it can be mapped again.
+  rt::vm_unmap(b + 2 * page, page, handles[2], 0);
+  handles.pop_back();
+  std::fill(back.begin(), back.end(), 0);
+  rt::copy(back.data(), b, 2 * page);
+  CHECK(std::memcmp(back.data(), src.data(), 2 * page) == 0);
+  handles.push_back(rt::vm_map(b + 2 * page, page, 0));
+  rt::set_async(b + 2 * page, 0x7E, page, nullptr);
+  rt::synchronize(0);
+  unsigned char probe = 0;
+  rt::copy(&probe, b + 3 * page - 1, 1);
+  CHECK(probe == 0x7E);
+  for (std::size_t i = handles.size(); i-- > 0;) rt::vm_unmap(b + i * page, page, handles[i], 0);
+  rt::vm_release(base, span, 0);
+  // Bad input: sizes that are not whole pages, and bad device indices.
+  CHECK_THROWS_AS((void)rt::vm_reserve(page + 512, 0), depot::invalid_argument);
+  CHECK_THROWS_AS((void)rt::vm_reserve(0, 0), depot::invalid_argument);
+  CHECK_THROWS_AS((void)rt::vm_page(rt::device_count()), depot::invalid_argument);
+  CHECK_THROWS_AS((void)rt::vm_map(nullptr, page, 0), depot::invalid_argument);
+}

@@ -56,9 +56,11 @@ template <depot::device D>
 class limiting_upstream final : public depot::upstream_resource {
  public:
   struct counters {
-    std::atomic<std::int64_t> outstanding{0};
+    std::atomic<std::int64_t> outstanding{0};  // bytes allocated or mapped, not given back
     std::atomic<int> allocations{0};
     std::atomic<int> failures{0};
+    std::atomic<int> reservations{0};  // address ranges reserved, not given back
+    std::atomic<int> maps{0};          // vm_map calls that succeeded
   };
   limiting_upstream(std::size_t limit, std::shared_ptr<counters> c, std::size_t reported_total = 0)
       : limit_{limit}, total_{reported_total}, c_{std::move(c)}
@@ -91,6 +93,38 @@ class limiting_upstream final : public depot::upstream_resource {
     return inner_.record_event(s);
   }
   bool fail_events = false;
+  // Virtual memory: mapped bytes count against the limit as allocations do.
+  std::size_t vm_page() override { return vm ? inner_.vm_page() : 0; }
+  void* vm_reserve(std::size_t bytes) override
+  {
+    void* p = inner_.vm_reserve(bytes);
+    ++c_->reservations;
+    return p;
+  }
+  std::uint64_t vm_map(void* addr, std::size_t bytes) override
+  {
+    if (fail_maps_with_error) throw depot::error("test: map refused", "vm_map", __FILE__, __LINE__, 1, "test");
+    if (static_cast<std::size_t>(c_->outstanding.load()) + bytes > limit_) {
+      ++c_->failures;
+      throw depot::out_of_memory("limiting upstream: over its limit", bytes, device());
+    }
+    const std::uint64_t h = inner_.vm_map(addr, bytes);
+    c_->outstanding += static_cast<std::int64_t>(bytes);
+    ++c_->maps;
+    return h;
+  }
+  void vm_unmap(void* addr, std::size_t bytes, std::uint64_t h) noexcept override
+  {
+    c_->outstanding -= static_cast<std::int64_t>(bytes);
+    inner_.vm_unmap(addr, bytes, h);
+  }
+  void vm_release(void* addr, std::size_t bytes) noexcept override
+  {
+    --c_->reservations;
+    inner_.vm_release(addr, bytes);
+  }
+  bool vm = true;                     // false: as an upstream that cannot map memory
+  bool fail_maps_with_error = false;  // vm_map throws depot::error (not out of memory)
   bool event_done(depot::native_event e) override { return inner_.event_done(e); }
   void wait_event(depot::native_event e) override { inner_.wait_event(e); }
   void stream_wait(depot::native_stream s, depot::native_event e) override { inner_.stream_wait(s, e); }
@@ -291,6 +325,7 @@ struct fuzz_range {
   std::size_t lo;
   std::size_t hi;
   std::size_t max_live;
+  bool expandable = false;
 };
 
 fuzz_range pick_fuzz_range()
@@ -300,6 +335,7 @@ fuzz_range pick_fuzz_range()
   SUBCASE("dense small segments, 1 B-64 KiB") { r = {1, 64 * KiB, 400}; }
   SUBCASE("linked small segments, 64 KiB-1 MiB") { r = {64 * KiB + 1, MiB, 120}; }
   SUBCASE("every pool, 1 B-3 MiB") { r = {1, 3 * MiB, 150}; }
+  SUBCASE("expandable segments, 1 B-24 MiB") { r = {1, 24 * MiB, 40, true}; }
   return r;
 }
 
@@ -308,7 +344,10 @@ TEST_CASE_TEMPLATE("pool: statistics fuzz, 10 000 operations, invariants after e
 {
   const fuzz_range range = pick_fuzz_range();
   std::mt19937_64 rng{depot::test::seed("pool stats fuzz", 10000)};
-  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  depot::allocator_config cfg = quiet_config<D>();
+  cfg.expandable_segments = range.expandable;
+  depot::caching_allocator<D> a{0, cfg};
+  CHECK((a.expandable_page() != 0) == range.expandable);
   depot::stream<D> s;
   std::map<void*, std::pair<std::size_t, unsigned char>> live;
   std::int64_t expect_peak = 0;
@@ -1533,6 +1572,11 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
   CHECK(allocator_config::parse("max_split_size:1048576").max_split_size == MiB);
   CHECK(allocator_config::parse("release_threshold:0").release_threshold == 0);
   CHECK(allocator_config::parse("release_threshold:64KiB").release_threshold == 65536);
+  CHECK_FALSE(c.expandable_segments);  // the default
+  CHECK(allocator_config::parse("expandable_segments:true").expandable_segments);
+  CHECK(allocator_config::parse("expandable_segments:True").expandable_segments);
+  CHECK_FALSE(allocator_config::parse("expandable_segments:true,expandable_segments:0").expandable_segments);
+  CHECK(allocator_config::parse(allocator_config::parse("expandable_segments:1").to_string()).expandable_segments);
 
   const std::pair<const char*, const char*> bad[] = {
       {"max_split_size_mb:0", "max_split_size_mb"},
@@ -1544,7 +1588,9 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
       {"per_process_memory_fraction:0", "(0, 1]"},
       {"per_process_memory_fraction:nan", "per_process_memory_fraction"},
       {"trace_capacity:many", "trace_capacity"},
-      {"expandable_segments:true", "unknown key 'expandable_segments'"},
+      {"expandable_segments:yes", "true or false"},
+      {"expandable_segments:", "expandable_segments"},
+      {"expandable_segment:true", "unknown key 'expandable_segment'"},
       {"max_split_size_mb", "not key:value"},
       {"max_split_size:512MB", "e.g. 512MiB"},
       {"max_split_size:1KiB", "[1MiB"},
@@ -1642,6 +1688,277 @@ TEST_CASE_TEMPLATE("pool: release_threshold bounds the cached memory", D, DEPOT_
   depot::caching_allocator<D> b{0, none};
   b.deallocate(b.allocate(5 * MiB));
   CHECK(b.stats().reserved_bytes.all.current == 0);
+}
+
+// ---- expandable segments ----------------------------------------------------------------------
+
+namespace {
+
+// The large-pool segments of a snapshot.
+std::vector<depot::segment_info> large_segments(const depot::allocator_snapshot& snap)
+{
+  std::vector<depot::segment_info> out;
+  for (const auto& s : snap.segments) {
+    if (!s.small_pool) out.push_back(s);
+  }
+  return out;
+}
+
+template <depot::device D>
+depot::allocator_config expandable_config()
+{
+  depot::allocator_config cfg = quiet_config<D>();
+  cfg.expandable_segments = true;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("pool: expandable segments grow one address range and unmap its free end", D,
+                   DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  {
+    depot::caching_allocator<D> a{std::make_unique<limiting_upstream<D>>(std::size_t{1} << 40, counters),
+                                  expandable_config<D>()};
+    a.set_trace_capacity(256);
+    const std::size_t page = a.expandable_page();
+    REQUIRE(page >= 2 * MiB);
+    REQUIRE(page % (2 * MiB) == 0);
+    CHECK(contains(a.summary(), "expandable segments: large blocks map"));
+    depot::stream<D> s;
+    // Growing requests: each maps only what the free end lacks, at the end of one range.
+    void* p1 = a.allocate(3 * MiB, s);
+    void* p2 = a.allocate(5 * MiB, s);
+    void* p3 = a.allocate(9 * MiB, s);
+    check_invariants(a);
+    auto segs = large_segments(a.snapshot());
+    REQUIRE(segs.size() == 1);
+    const depot::segment_info seg = segs[0];
+    CHECK(seg.reserved >= seg.size);
+    CHECK(seg.reserved % page == 0);
+    CHECK(seg.size % page == 0);
+    CHECK(seg.address % page == 0);
+    CHECK(reinterpret_cast<std::uintptr_t>(p1) == seg.address);
+    CHECK(reinterpret_cast<std::uintptr_t>(p2) > reinterpret_cast<std::uintptr_t>(p1));
+    CHECK(reinterpret_cast<std::uintptr_t>(p3) > reinterpret_cast<std::uintptr_t>(p2));
+    CHECK(reinterpret_cast<std::uintptr_t>(p3) + 9 * MiB <= seg.address + seg.size);
+    CHECK(seg.size < 17 * MiB + 3 * page);  // no 20 MiB segments: pages as needed
+    auto st = a.stats();
+    CHECK(st.reserved_bytes.large.current == static_cast<std::int64_t>(seg.size));
+    CHECK(st.num_segments.large.current == 1);
+    CHECK(counters->reservations.load() == 1);
+    CHECK(counters->outstanding.load() == static_cast<std::int64_t>(seg.size));
+    // The blocks hold data (the pages are mapped for this device).
+    fill_bytes<D>(p1, 3 * MiB, 11, depot::stream_ref<D>{s.native()});
+    fill_bytes<D>(p3, 9 * MiB, 33, depot::stream_ref<D>{s.native()});
+    s.synchronize();
+    std::mt19937_64 rng{depot::test::seed("pool expandable", 1)};
+    CHECK(check_bytes<D>(p1, 3 * MiB, 11, rng));
+    CHECK(check_bytes<D>(p3, 9 * MiB, 33, rng));
+
+    // The end freed and cached; a larger request grows the free end in place.
+    a.deallocate(p3, s);
+    a.deallocate(p2, s);
+    check_invariants(a);
+    CHECK(a.stats().reserved_bytes.all.current == static_cast<std::int64_t>(seg.size));
+    void* big = a.allocate(30 * MiB, s);
+    check_invariants(a);
+    segs = large_segments(a.snapshot());
+    REQUIRE(segs.size() == 1);
+    CHECK(segs[0].address == seg.address);
+    CHECK(reinterpret_cast<std::uintptr_t>(big) == reinterpret_cast<std::uintptr_t>(p2));  // where the free end began
+    CHECK(segs[0].size == (reinterpret_cast<std::uintptr_t>(big) + 30 * MiB - seg.address + page - 1) / page * page);
+    fill_bytes<D>(big, 30 * MiB, 44, depot::stream_ref<D>{s.native()});
+    s.synchronize();
+    CHECK(check_bytes<D>(big, 30 * MiB, 44, rng));
+    CHECK(check_bytes<D>(p1, 3 * MiB, 11, rng));
+
+    // empty_cache unmaps the free end's whole pages; the live first block stays.
+    a.deallocate(big, s);
+    a.empty_cache();
+    check_invariants(a);
+    segs = large_segments(a.snapshot());
+    REQUIRE(segs.size() == 1);
+    const std::uintptr_t live_end = reinterpret_cast<std::uintptr_t>(p1) + segs[0].blocks[0].size;
+    CHECK(segs[0].size == (live_end - seg.address + page - 1) / page * page);
+    st = a.stats();
+    CHECK(st.reserved_bytes.all.current == static_cast<std::int64_t>(segs[0].size));
+    CHECK(counters->outstanding.load() == static_cast<std::int64_t>(segs[0].size));
+    CHECK(check_bytes<D>(p1, 3 * MiB, 11, rng));
+
+    // The trace tells every change of the reserved bytes.
+    std::int64_t traced = 0;
+    for (const auto& e : a.trace()) {
+      const auto n = static_cast<std::int64_t>(e.size);
+      if (e.kind == depot::trace_kind::segment_allocate || e.kind == depot::trace_kind::segment_map) traced += n;
+      if (e.kind == depot::trace_kind::segment_free || e.kind == depot::trace_kind::segment_unmap) traced -= n;
+    }
+    CHECK(traced == st.reserved_bytes.all.current);
+    bool saw_map = false;
+    bool saw_unmap = false;
+    for (const auto& e : a.trace()) {
+      saw_map = saw_map || e.kind == depot::trace_kind::segment_map;
+      saw_unmap = saw_unmap || e.kind == depot::trace_kind::segment_unmap;
+    }
+    CHECK(saw_map);
+    CHECK(saw_unmap);
+    const auto json = nlohmann::json::parse(a.trace_json());
+    bool named = false;
+    for (const auto& e : json["events"]) named = named || e["kind"] == "segment_map";
+    CHECK(named);
+    const auto snap = nlohmann::json::parse(a.snapshot().to_json());
+    CHECK(snap["segments"][0]["reserved_addresses"] == seg.reserved);
+
+    // Blocks of an expandable segment cannot be shared with another process.
+    try {
+      (void)a.ipc_export(p1);
+      FAIL("ipc_export of a block of an expandable segment succeeded");
+    } catch (const depot::error& e) {
+      CHECK(contains(e.what(), "expandable segment"));
+    }
+
+    // All free: the whole range goes back.
+    a.deallocate(p1, s);
+    a.empty_cache();
+    check_invariants(a);
+    CHECK(a.stats().reserved_bytes.all.current == 0);
+    CHECK(a.snapshot().segments.empty());
+    CHECK(counters->reservations.load() == 0);
+    CHECK(counters->outstanding.load() == 0);
+    // And a new one is made on demand.
+    void* again = a.allocate(4 * MiB, s);
+    CHECK(counters->reservations.load() == 1);
+    a.deallocate(again, s);
+  }
+  // The allocator's end gives back every page and every range.
+  CHECK(counters->outstanding.load() == 0);
+  CHECK(counters->reservations.load() == 0);
+}
+
+TEST_CASE_TEMPLATE("pool: expandable segments out of memory: undone, retried, reported, no leak", D,
+                   DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  {
+    auto up = std::make_unique<limiting_upstream<D>>(40 * MiB, counters);
+    limiting_upstream<D>* upstream = up.get();
+    depot::caching_allocator<D> a{std::move(up), expandable_config<D>()};
+    const std::size_t page = a.expandable_page();
+    REQUIRE(page != 0);
+    depot::stream<D> s;
+    void* x = a.allocate(16 * MiB, s);
+    void* y = a.allocate(16 * MiB, s);
+    a.deallocate(y, s);  // 16 MiB cached at the end
+    // 30 MiB: the free end (16) grows by 14 MiB in place (30 of 40 mapped... 46 > 40): the
+    // pages mapped before the refusal are unmapped again, the cache is released and the
+    // retry maps what fits: free end trimmed, then grown from its start.
+    const int maps_before = counters->maps.load();
+    try {
+      (void)a.allocate(30 * MiB, s);
+      FAIL("30 MiB next to 16 live under a 40 MiB limit succeeded");
+    } catch (const depot::out_of_memory& e) {
+      const std::string m = e.what();
+      CHECK(e.requested_bytes() == 30 * MiB);
+      CHECK(contains(m, "expandable segment"));
+      CHECK(contains(m, "largest free block"));
+    }
+    CHECK(counters->maps.load() > maps_before);  // pages were mapped, then undone
+    check_invariants(a);
+    auto st = a.stats();
+    CHECK(st.num_ooms == 1);
+    CHECK(st.num_alloc_retries == 1);
+    CHECK(counters->outstanding.load() == st.reserved_bytes.all.current);
+    CHECK(st.reserved_bytes.all.current <= static_cast<std::int64_t>(40 * MiB));
+    // What fits still works, in the same range.
+    void* z = a.allocate(20 * MiB, s);
+    check_invariants(a);
+    CHECK(large_segments(a.snapshot()).size() == 1);
+    // A failure that is not out of memory propagates, undone.
+    a.deallocate(z, s);
+    a.empty_cache();
+    const std::int64_t mapped = counters->outstanding.load();
+    upstream->fail_maps_with_error = true;
+    CHECK_THROWS_AS((void)a.allocate(20 * MiB, s), depot::error);
+    upstream->fail_maps_with_error = false;
+    CHECK(counters->outstanding.load() == mapped);
+    check_invariants(a);
+    CHECK(a.stats().reserved_bytes.all.current == mapped);
+    void* w = a.allocate(20 * MiB, s);
+    check_invariants(a);
+    a.deallocate(w, s);
+    a.deallocate(x, s);
+  }
+  CHECK(counters->outstanding.load() == 0);
+  CHECK(counters->reservations.load() == 0);
+}
+
+TEST_CASE_TEMPLATE("pool: expandable segments move between streams and obey release_threshold", D,
+                   DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  {
+    depot::allocator_config cfg = expandable_config<D>();
+    cfg.release_threshold = 8 * MiB;
+    depot::caching_allocator<D> a{std::make_unique<limiting_upstream<D>>(std::size_t{1} << 40, counters), cfg};
+    depot::stream<D> s1;
+    depot::stream<D> s2;
+    const std::size_t page = a.expandable_page();
+    REQUIRE(page != 0);
+    void* keep = a.allocate(4 * MiB, s1);
+    void* p = a.allocate(6 * MiB, s1);
+    void* q = a.allocate(6 * MiB, s1);
+    // Freeing the end block: 12 MiB cached > 8: the free end is unmapped at once.
+    a.deallocate(q, s1);
+    a.deallocate(p, s1);
+    check_invariants(a);
+    auto segs = large_segments(a.snapshot());
+    REQUIRE(segs.size() == 1);
+    CHECK(a.stats().cached_bytes.all.current <= static_cast<std::int64_t>(8 * MiB));
+    CHECK(segs[0].size < 16 * MiB);
+    // A wholly free segment of s1 moves to s2, which grows it; s1 then makes its own.
+    a.deallocate(keep, s1);
+    s1.synchronize();
+    if (large_segments(a.snapshot()).size() == 1) {  // (kept: under the threshold)
+      void* t = a.allocate(3 * MiB, s2);
+      segs = large_segments(a.snapshot());
+      REQUIRE(segs.size() == 1);
+      CHECK(segs[0].stream == reinterpret_cast<std::uintptr_t>(s2.native()));
+      void* u = a.allocate(20 * MiB, s2);  // grows the moved segment
+      segs = large_segments(a.snapshot());
+      REQUIRE(segs.size() == 1);
+      void* v = a.allocate(3 * MiB, s1);  // s1 has none now: a new range
+      segs = large_segments(a.snapshot());
+      CHECK(segs.size() == 2);
+      CHECK(counters->reservations.load() == 2);
+      check_invariants(a);
+      a.deallocate(t, s2);
+      a.deallocate(u, s2);
+      a.deallocate(v, s1);
+    }
+    a.empty_cache();
+    CHECK(a.stats().reserved_bytes.all.current == 0);
+    CHECK(counters->reservations.load() == 0);
+  }
+  CHECK(counters->outstanding.load() == 0);
+}
+
+TEST_CASE_TEMPLATE("pool: expandable segments fall back to ordinary segments where nothing maps", D,
+                   DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  auto up = std::make_unique<limiting_upstream<D>>(std::size_t{1} << 40, counters);
+  up->vm = false;
+  depot::caching_allocator<D> a{std::move(up), expandable_config<D>()};
+  CHECK(a.expandable_page() == 0);
+  CHECK(contains(a.summary(), "expandable segments: not available"));
+  void* p = a.allocate(3 * MiB);
+  const auto segs = large_segments(a.snapshot());
+  REQUIRE(segs.size() == 1);
+  CHECK(segs[0].reserved == 0);
+  CHECK(segs[0].size == 20 * MiB);  // an ordinary 20 MiB segment
+  CHECK(counters->reservations.load() == 0);
+  a.deallocate(p);
 }
 
 TEST_CASE_TEMPLATE("pool: fixed_pool serves equal blocks and reports its use", D, DEPOT_TEST_DEVICES)

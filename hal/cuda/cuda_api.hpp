@@ -4,6 +4,7 @@
 
 // The CUDA name table for the shared GPU implementation. The only header that includes
 // CUDA's runtime API; included only by files in hal/cuda/.
+#include <cuda.h>  // driver types of the virtual-memory calls (taken through cudart's entry points)
 #include <cuda_runtime_api.h>
 
 #include <depot/hal/device_kind.hpp>
@@ -11,7 +12,9 @@
 #include "../gpu/gpu_api_table.hpp"
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace depot::hal {
 
@@ -52,6 +55,106 @@ struct cuda_api {
     return cudaMemPrefetchAsync(p, n, device < 0 ? cudaCpuDeviceId : device, s);
 #endif
   }
+  // Virtual memory (expandable segments): the driver's cuMem* calls, found through cudart's
+  // entry-point query so the library does not link libcuda itself. The driver's error
+  // numbers of these calls (invalid value, out of memory, not supported, ...) are the
+  // runtime's, so they pass through as error_t.
+  using vm_handle_t = CUmemGenericAllocationHandle;
+  struct vm_driver {
+    decltype(&::cuDeviceGetAttribute) attribute = nullptr;
+    decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
+    decltype(&::cuMemAddressReserve) reserve = nullptr;
+    decltype(&::cuMemAddressFree) free_address = nullptr;
+    decltype(&::cuMemCreate) create = nullptr;
+    decltype(&::cuMemRelease) release = nullptr;
+    decltype(&::cuMemMap) map = nullptr;
+    decltype(&::cuMemUnmap) unmap = nullptr;
+    decltype(&::cuMemSetAccess) set_access = nullptr;
+    bool found = false;
+  };
+  static const vm_driver& driver()
+  {
+    static const vm_driver d = [] {
+      vm_driver v;
+      const auto get = [](const char* name, auto& fn) {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult r{};
+#if CUDART_VERSION >= 12050
+        const cudaError_t e = cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &r);
+#else
+        const cudaError_t e = cudaGetDriverEntryPoint(name, &p, cudaEnableDefault, &r);
+#endif
+        if (e != cudaSuccess || r != cudaDriverEntryPointSuccess || p == nullptr) {
+          (void)cudaGetLastError();
+          return false;
+        }
+        fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+        return true;
+      };
+      v.found = get("cuDeviceGetAttribute", v.attribute) && get("cuMemGetAllocationGranularity", v.granularity) &&
+                get("cuMemAddressReserve", v.reserve) && get("cuMemAddressFree", v.free_address) &&
+                get("cuMemCreate", v.create) && get("cuMemRelease", v.release) && get("cuMemMap", v.map) &&
+                get("cuMemUnmap", v.unmap) && get("cuMemSetAccess", v.set_access);
+      return v;
+    }();
+    return d;
+  }
+  static CUmemAllocationProp vm_prop(int device)
+  {
+    CUmemAllocationProp p{};
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = device;
+    return p;
+  }
+  static error_t vm_granularity(std::size_t* g, int device)
+  {
+    const vm_driver& d = driver();
+    if (!d.found) return cudaErrorNotSupported;
+    int supported = 0;
+    if (auto r = d.attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device);
+        r != CUDA_SUCCESS) {
+      return static_cast<error_t>(r);
+    }
+    if (supported == 0) return cudaErrorNotSupported;
+    const CUmemAllocationProp p = vm_prop(device);
+    return static_cast<error_t>(d.granularity(g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  }
+  static error_t vm_reserve(void** p, std::size_t n, std::size_t align)
+  {
+    CUdeviceptr a = 0;
+    const CUresult r = driver().reserve(&a, n, align, 0, 0);
+    *p = reinterpret_cast<void*>(a);
+    return static_cast<error_t>(r);
+  }
+  static error_t vm_free_address(void* p, std::size_t n)
+  {
+    return static_cast<error_t>(driver().free_address(reinterpret_cast<CUdeviceptr>(p), n));
+  }
+  static error_t vm_create(vm_handle_t* h, std::size_t n, int device)
+  {
+    const CUmemAllocationProp p = vm_prop(device);
+    return static_cast<error_t>(driver().create(h, n, &p, 0));
+  }
+  static error_t vm_release_handle(vm_handle_t h) { return static_cast<error_t>(driver().release(h)); }
+  static error_t vm_map(void* p, std::size_t n, vm_handle_t h)
+  {
+    return static_cast<error_t>(driver().map(reinterpret_cast<CUdeviceptr>(p), n, 0, h, 0));
+  }
+  static error_t vm_unmap(void* p, std::size_t n)
+  {
+    return static_cast<error_t>(driver().unmap(reinterpret_cast<CUdeviceptr>(p), n));
+  }
+  static error_t vm_set_access(void* p, std::size_t n, int device)
+  {
+    CUmemAccessDesc a{};
+    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.location.id = device;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return static_cast<error_t>(driver().set_access(reinterpret_cast<CUdeviceptr>(p), n, &a, 1));
+  }
+  static std::uint64_t vm_bits(vm_handle_t h) noexcept { return h; }
+  static vm_handle_t vm_handle(std::uint64_t bits) noexcept { return bits; }
   static std::string arch_name(const properties_t& p)
   {
     return "sm_" + std::to_string(p.major * 10 + p.minor);

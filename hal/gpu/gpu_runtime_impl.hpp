@@ -82,6 +82,19 @@ typename Api::event_t to_native_event(native_event e) noexcept
   return static_cast<typename Api::event_t>(e);
 }
 
+// "X free of Y" for an out-of-memory message (the current device), or "free/total unknown".
+template <class Api>
+std::string device_state()
+{
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  if (Api::mem_get_info(&free_bytes, &total_bytes) == Api::success) {
+    return format_bytes(free_bytes) + " free of " + format_bytes(total_bytes);
+  }
+  (void)Api::get_last_error();
+  return "free/total unknown";
+}
+
 // Runs `release` (a free or unmap, which has no caller to report to: it must not throw in
 // teardown) with `device` current, then restores the previous device; failures of any of
 // the three calls are cleared from the error state, never thrown.
@@ -181,14 +194,7 @@ void* gpu_runtime<Api>::allocate(std::size_t bytes, int device)
   const auto status = Api::malloc(&ptr, bytes);
   if (status == Api::memory_allocation) {
     (void)Api::get_last_error();
-    std::string state = "free/total unknown";
-    std::size_t free_bytes = 0;
-    std::size_t total_bytes = 0;
-    if (Api::mem_get_info(&free_bytes, &total_bytes) == Api::success) {
-      state = format_bytes(free_bytes) + " free of " + format_bytes(total_bytes);
-    } else {
-      (void)Api::get_last_error();
-    }
+    const std::string state = detail::device_state<Api>();
     const device_id id{Api::kind, device};
     throw out_of_memory("depot: " + id.to_string() + " out of memory: requested " +
                             format_bytes(bytes) + " (" + std::to_string(bytes) +
@@ -436,6 +442,84 @@ void gpu_runtime<Api>::ipc_close(void* ptr, int device) noexcept
 {
   if (ptr == nullptr) return;
   detail::release_on<Api>(device, [ptr] { return Api::ipc_close(ptr); });
+}
+
+// ---- virtual memory (expandable segments) ----------------------------------------------------
+
+template <class Api>
+std::size_t gpu_runtime<Api>::vm_page(int device)
+{
+  check_device(device);
+  detail::scoped_device<Api> on{device};
+  std::size_t g = 0;
+  if (Api::vm_granularity(&g, device) != Api::success) {  // no virtual memory management here
+    (void)Api::get_last_error();
+    return 0;
+  }
+  return g;
+}
+
+template <class Api>
+void* gpu_runtime<Api>::vm_reserve(std::size_t bytes, int device)
+{
+  check_device(device);
+  const std::size_t page = vm_page(device);
+  DEPOT_EXPECTS(page != 0, std::string{"depot: "} + Api::name + " device " + std::to_string(device) +
+                               " cannot map memory into reserved addresses (no virtual memory management)");
+  DEPOT_EXPECTS(bytes != 0 && bytes % page == 0,
+                "depot: vm_reserve of " + std::to_string(bytes) + " bytes: must be a non-zero multiple of the " +
+                    std::to_string(page) + "-byte page");
+  detail::scoped_device<Api> on{device};
+  void* p = nullptr;
+  if (const auto status = Api::vm_reserve(&p, bytes, page); status != Api::success) {
+    (void)Api::get_last_error();
+    const device_id id{Api::kind, device};
+    throw out_of_memory("depot: " + id.to_string() + " could not reserve " + format_bytes(bytes) +
+                            " of addresses: " + Api::error_name(status),
+                        bytes, id);
+  }
+  return p;
+}
+
+template <class Api>
+std::uint64_t gpu_runtime<Api>::vm_map(void* addr, std::size_t bytes, int device)
+{
+  check_device(device);
+  DEPOT_EXPECTS(addr != nullptr && bytes != 0, "depot: vm_map of a null address or of 0 bytes");
+  detail::scoped_device<Api> on{device};
+  typename Api::vm_handle_t h{};
+  if (const auto status = Api::vm_create(&h, bytes, device); status != Api::success) {
+    (void)Api::get_last_error();
+    if (status != Api::memory_allocation) DEPOT_GPU_TRY(status);
+    const std::string state = detail::device_state<Api>();
+    const device_id id{Api::kind, device};
+    throw out_of_memory("depot: " + id.to_string() + " out of memory: could not create " + format_bytes(bytes) +
+                            " of physical memory to map; the device has " + state,
+                        bytes, id);
+  }
+  if (const auto status = Api::vm_map(addr, bytes, h); status != Api::success) {
+    (void)Api::vm_release_handle(h);
+    DEPOT_GPU_TRY(status);
+  }
+  if (const auto status = Api::vm_set_access(addr, bytes, device); status != Api::success) {
+    (void)Api::vm_unmap(addr, bytes);
+    (void)Api::vm_release_handle(h);
+    DEPOT_GPU_TRY(status);
+  }
+  return Api::vm_bits(h);
+}
+
+template <class Api>
+void gpu_runtime<Api>::vm_unmap(void* addr, std::size_t bytes, std::uint64_t handle, int device) noexcept
+{
+  detail::release_on<Api>(device, [addr, bytes] { return Api::vm_unmap(addr, bytes); });
+  detail::release_on<Api>(device, [handle] { return Api::vm_release_handle(Api::vm_handle(handle)); });
+}
+
+template <class Api>
+void gpu_runtime<Api>::vm_release(void* addr, std::size_t bytes, int device) noexcept
+{
+  detail::release_on<Api>(device, [addr, bytes] { return Api::vm_free_address(addr, bytes); });
 }
 
 template <class Api>

@@ -15,6 +15,7 @@
 #include "../gpu/gpu_api_table.hpp"
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -56,6 +57,47 @@ struct hip_api {
   static error_t prefetch(const void* p, std::size_t n, int device, stream_t s)
   {
     return hipMemPrefetchAsync(p, n, device < 0 ? hipCpuDeviceId : device, s);
+  }
+  // Virtual memory (expandable segments): HIP's hipMem* virtual-memory calls.
+  using vm_handle_t = hipMemGenericAllocationHandle_t;
+  static hipMemAllocationProp vm_prop(int device)
+  {
+    hipMemAllocationProp p{};
+    p.type = hipMemAllocationTypePinned;
+    p.location.type = hipMemLocationTypeDevice;
+    p.location.id = device;
+    return p;
+  }
+  static error_t vm_granularity(std::size_t* g, int device)
+  {
+    const hipMemAllocationProp p = vm_prop(device);
+    return hipMemGetAllocationGranularity(g, &p, hipMemAllocationGranularityMinimum);
+  }
+  static error_t vm_reserve(void** p, std::size_t n, std::size_t align)
+  {
+    return hipMemAddressReserve(p, n, align, nullptr, 0);
+  }
+  static error_t vm_free_address(void* p, std::size_t n) { return hipMemAddressFree(p, n); }
+  static error_t vm_create(vm_handle_t* h, std::size_t n, int device)
+  {
+    const hipMemAllocationProp p = vm_prop(device);
+    return hipMemCreate(h, n, &p, 0);
+  }
+  static error_t vm_release_handle(vm_handle_t h) { return hipMemRelease(h); }
+  static error_t vm_map(void* p, std::size_t n, vm_handle_t h) { return hipMemMap(p, n, 0, h, 0); }
+  static error_t vm_unmap(void* p, std::size_t n) { return hipMemUnmap(p, n); }
+  static error_t vm_set_access(void* p, std::size_t n, int device)
+  {
+    hipMemAccessDesc a{};
+    a.location.type = hipMemLocationTypeDevice;
+    a.location.id = device;
+    a.flags = hipMemAccessFlagsProtReadWrite;
+    return hipMemSetAccess(p, n, &a, 1);
+  }
+  static std::uint64_t vm_bits(vm_handle_t h) noexcept { return reinterpret_cast<std::uintptr_t>(h); }
+  static vm_handle_t vm_handle(std::uint64_t bits) noexcept
+  {
+    return reinterpret_cast<vm_handle_t>(static_cast<std::uintptr_t>(bits));
   }
   // "gfx90a:sramecc+:xnack-" -> "gfx90a"
   static std::string arch_name(const properties_t& p)

@@ -7,10 +7,13 @@
 #include <depot/hal/host/host_runtime.hpp>
 #include <depot/hal/out_of_memory.hpp>
 
+#include <sys/mman.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -203,6 +206,75 @@ void* host_runtime::ipc_open(const ipc_memory_handle&, int device)
 }
 
 void host_runtime::ipc_close(void*, int) noexcept {}
+
+// ---- virtual memory: addresses reserved inaccessible, pages made anonymous memory -------------
+
+namespace {
+constexpr std::size_t k_vm_page = std::size_t{2} << 20;  // as CUDA's granularity on current GPUs
+
+void check_vm_range(const void* addr, std::size_t bytes, const char* call)
+{
+  const auto a = reinterpret_cast<std::uintptr_t>(addr);
+  DEPOT_EXPECTS(addr != nullptr && a % k_vm_page == 0 && bytes != 0 && bytes % k_vm_page == 0,
+                std::string{"depot: host "} + call + ": address " + std::to_string(a) + " and size " +
+                    std::to_string(bytes) + " must be non-zero multiples of the 2 MiB page");
+}
+}  // namespace
+
+std::size_t host_runtime::vm_page(int device)
+{
+  check_device(device);
+  return k_vm_page;
+}
+
+void* host_runtime::vm_reserve(std::size_t bytes, int device)
+{
+  check_device(device);
+  DEPOT_EXPECTS(bytes != 0 && bytes % k_vm_page == 0 && bytes <= (std::size_t{1} << 46),
+                "depot: host vm_reserve of " + std::to_string(bytes) +
+                    " bytes: must be a non-zero multiple of the 2 MiB page, at most 64 TiB");
+  // One page more than asked, so a page-aligned start can be cut out of it.
+  const std::size_t span = bytes + k_vm_page;
+  void* raw = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) {
+    const device_id id{device_kind::host, device};
+    throw out_of_memory("depot: host could not reserve " + format_bytes(bytes) +
+                            " of address space: " + std::strerror(errno),
+                        bytes, id);
+  }
+  const auto r = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t start = (r + k_vm_page - 1) / k_vm_page * k_vm_page;
+  if (start > r) ::munmap(raw, start - r);
+  if (const std::uintptr_t end = r + span, want = start + bytes; end > want) {
+    ::munmap(reinterpret_cast<void*>(want), end - want);
+  }
+  return reinterpret_cast<void*>(start);
+}
+
+std::uint64_t host_runtime::vm_map(void* addr, std::size_t bytes, int device)
+{
+  check_device(device);
+  check_vm_range(addr, bytes, "vm_map");
+  // MAP_FIXED over the reservation: the commit charge is taken here (ENOMEM under strict
+  // overcommit accounting), the pages are made on first touch.
+  if (::mmap(addr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+      MAP_FAILED) {
+    const int e = errno;
+    const device_id id{device_kind::host, device};
+    throw out_of_memory("depot: host out of memory: could not map " + format_bytes(bytes) + ": " +
+                            std::strerror(e),
+                        bytes, id);
+  }
+  return 0;
+}
+
+void host_runtime::vm_unmap(void* addr, std::size_t bytes, std::uint64_t, int) noexcept
+{
+  // Back to reserved and inaccessible; the pages go back to the system.
+  (void)::mmap(addr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+}
+
+void host_runtime::vm_release(void* addr, std::size_t bytes, int) noexcept { (void)::munmap(addr, bytes); }
 
 native_stream host_runtime::create_stream(int device)
 {

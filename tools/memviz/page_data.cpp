@@ -119,6 +119,22 @@ class segment_gaps {
     segments_[address] = segment{size, {}};
     add_gap(size);
   }
+  // An expandable segment's end moves: `size` bytes mapped at `address` (its old end), or
+  // unmapped from `address` to its end; the free range at its end grows or shrinks.
+  void map_at_end(std::uintptr_t address, std::size_t size, bool map)
+  {
+    auto it = segments_.upper_bound(address - (map ? 1 : 0));
+    if (it == segments_.begin()) return;
+    --it;
+    segment& s = it->second;
+    const std::uintptr_t end = it->first + s.size;
+    if (map ? end != address : (address < it->first || address + size != end)) return;
+    const std::uintptr_t last = s.blocks.empty() ? it->first : s.blocks.rbegin()->second;
+    if (!map && last > address) return;  // a live block above: the trace is inconsistent
+    remove_gap(end - last);
+    s.size = map ? s.size + size : s.size - size;
+    add_gap(it->first + s.size - last);
+  }
   void remove_segment(std::uintptr_t address)
   {
     const auto it = segments_.find(address);
@@ -288,6 +304,8 @@ nlohmann::json trace_page_data(const recorded_trace& trace, trace_summary& summa
         summary.has_segments = true;
         if (open_segments.erase(e.address) == 0) base_reserved += e.size;
         break;
+      case trace_kind::segment_map:
+      case trace_kind::segment_unmap: summary.has_segments = true; break;
       case trace_kind::out_of_memory:
         ++summary.out_of_memory;
         if (ooms.size() < max_oom_markers) ooms.push_back({t[i], e.requested != 0 ? e.requested : e.size});
@@ -416,6 +434,14 @@ nlohmann::json trace_page_data(const recorded_trace& trace, trace_summary& summa
       case trace_kind::segment_free:
         reserved -= std::min<std::uint64_t>(reserved, e.size);
         gaps.remove_segment(e.address);
+        break;
+      case trace_kind::segment_map:
+        reserved += e.size;
+        gaps.map_at_end(e.address, e.size, true);
+        break;
+      case trace_kind::segment_unmap:
+        reserved -= std::min<std::uint64_t>(reserved, e.size);
+        gaps.map_at_end(e.address, e.size, false);
         break;
       case trace_kind::out_of_memory: break;
     }

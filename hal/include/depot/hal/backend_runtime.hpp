@@ -9,6 +9,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 
 namespace depot::hal {
 
@@ -23,13 +24,27 @@ namespace depot::hal {
 // another process; ipc_export gives the handle of an allocation made by allocate() (its
 // start), ipc_open maps one exported by another process (to the allocation's start) and
 // ipc_close unmaps it. Without has_ipc they throw depot::error saying so.
+//
+// Virtual memory (the caching allocator's expandable segments): vm_page(d) is the size and
+// alignment in which memory is mapped, 0 when device d cannot map memory into a reserved
+// address range. vm_reserve reserves n bytes of addresses (a multiple of vm_page; nothing
+// mapped, nothing accessible); vm_map maps n bytes of new memory at an address inside a
+// reservation, readable and writable by device d, and returns the handle vm_unmap takes
+// (depot::out_of_memory when the device has no room, nothing mapped); vm_unmap unmaps and
+// frees exactly one vm_map's range; vm_release gives back a reservation with nothing mapped.
 template <class R>
 concept backend_runtime = requires(void* p, const void* cp, std::size_t n, int d, native_stream s,
-                                   native_event e, bool b, const ipc_memory_handle& h) {
+                                   native_event e, bool b, const ipc_memory_handle& h,
+                                   std::uint64_t u) {
   { R::has_ipc } -> std::convertible_to<bool>;
   { R::ipc_export(p, d) } -> std::same_as<ipc_memory_handle>;
   { R::ipc_open(h, d) } -> std::same_as<void*>;
   { R::ipc_close(p, d) } noexcept -> std::same_as<void>;
+  { R::vm_page(d) } -> std::same_as<std::size_t>;
+  { R::vm_reserve(n, d) } -> std::same_as<void*>;
+  { R::vm_map(p, n, d) } -> std::same_as<std::uint64_t>;
+  { R::vm_unmap(p, n, u, d) } noexcept -> std::same_as<void>;
+  { R::vm_release(p, n, d) } noexcept -> std::same_as<void>;
   { R::device_count() } -> std::same_as<int>;
   { R::current_device() } -> std::same_as<int>;
   { R::set_device(d) } -> std::same_as<void>;

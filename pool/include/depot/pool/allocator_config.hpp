@@ -44,6 +44,15 @@ struct allocator_config {
   // finds it locked (0: publish every operation, exact peaks, one shared write per
   // operation). Key stats_batch (bytes, with suffixes, at most 1TiB). Default 16 MiB.
   std::size_t stats_batch = std::size_t{16} << 20;
+  // Large-pool memory of each stream comes from one expandable segment: a range of
+  // addresses as large as the allowed total, reserved once, into which memory is mapped in
+  // pages (2 MiB on the host and on current GPUs) as it is needed and unmapped from its end
+  // when free (empty_cache, release_threshold, out-of-memory retries), so blocks of growing
+  // sizes reuse one contiguous range instead of stranding the segments of earlier sizes.
+  // max_split_size does not apply to its blocks. Where the upstream cannot map memory (no
+  // virtual memory management, pinned host memory, test upstreams) the allocator makes
+  // ordinary segments and summary() says so. Key expandable_segments (true / false).
+  bool expandable_segments = false;
 
   // Parses "key:value,..." on top of the defaults. Throws depot::invalid_argument.
   [[nodiscard]] static allocator_config parse(std::string_view text);

@@ -33,6 +33,9 @@ struct segment_info {
   bool small_pool = false;
   std::uintptr_t stream = 0;  // the stream whose cache holds it (0: default stream)
   bool exported = false;      // shared with other processes (ipc_handle): kept until destruction
+  // An expandable segment: `size` bytes mapped at `address`, of `reserved` bytes of
+  // addresses (0 for an ordinary segment).
+  std::size_t reserved = 0;
   std::vector<block_info> blocks;
 };
 

@@ -93,6 +93,9 @@ class caching_allocator {
   // Keep the last `events` allocation events (0: stop tracing).
   void set_trace_capacity(std::size_t events) { core_.set_trace_capacity(events); }
   [[nodiscard]] const allocator_config& config() const noexcept { return core_.config(); }
+  // The page expandable segments map (0: large blocks come from ordinary segments, because
+  // expandable_segments is off or the upstream cannot map memory into reserved addresses).
+  [[nodiscard]] std::size_t expandable_page() const noexcept { return core_.expandable_page(); }
   [[nodiscard]] device_id device() const noexcept { return core_.device(); }
 
  private:

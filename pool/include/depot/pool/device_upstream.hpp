@@ -65,6 +65,24 @@ class device_upstream final : public upstream_resource {
     return runtime<D>::ipc_export(segment, device_);
   }
 
+  // Device memory only: pinned host memory is not mapped through reservations.
+  [[nodiscard]] std::size_t vm_page() override { return pinned_ ? 0 : runtime<D>::vm_page(device_); }
+  [[nodiscard]] void* vm_reserve(std::size_t bytes) override
+  {
+    if (pinned_) return upstream_resource::vm_reserve(bytes);
+    return runtime<D>::vm_reserve(bytes, device_);
+  }
+  [[nodiscard]] std::uint64_t vm_map(void* addr, std::size_t bytes) override
+  {
+    if (pinned_) return upstream_resource::vm_map(addr, bytes);
+    return runtime<D>::vm_map(addr, bytes, device_);
+  }
+  void vm_unmap(void* addr, std::size_t bytes, std::uint64_t handle) noexcept override
+  {
+    runtime<D>::vm_unmap(addr, bytes, handle, device_);
+  }
+  void vm_release(void* addr, std::size_t bytes) noexcept override { runtime<D>::vm_release(addr, bytes, device_); }
+
  private:
   int device_;
   bool pinned_;

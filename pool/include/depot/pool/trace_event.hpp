@@ -14,6 +14,8 @@ enum class trace_kind : std::uint8_t {
   segment_allocate = 2, // memory taken from the upstream
   segment_free = 3,     // memory returned to the upstream
   out_of_memory = 4,    // an allocation that failed after every retry
+  segment_map = 5,      // memory mapped at the end of an expandable segment (address: where)
+  segment_unmap = 6,    // memory unmapped from the end of an expandable segment
 };
 
 [[nodiscard]] constexpr std::string_view to_string(trace_kind k) noexcept
@@ -23,6 +25,8 @@ enum class trace_kind : std::uint8_t {
     case trace_kind::free: return "free";
     case trace_kind::segment_allocate: return "segment_alloc";
     case trace_kind::segment_free: return "segment_free";
+    case trace_kind::segment_map: return "segment_map";
+    case trace_kind::segment_unmap: return "segment_unmap";
     case trace_kind::out_of_memory: return "oom";
   }
   return "unknown";

@@ -9,6 +9,7 @@
 #include <depot/hal/native_handle.hpp>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace depot {
 
@@ -37,6 +38,36 @@ class upstream_resource {
   virtual void destroy_event(native_event event) noexcept = 0;
   // Blocks until all work on the device is done (whatever streams it was queued on).
   virtual void synchronize_device() = 0;
+  // Virtual memory, for expandable segments (allocator_config::expandable_segments).
+  // vm_page(): the size and alignment in which memory is mapped; 0 (the default) when this
+  // upstream cannot map memory into reserved addresses, and the allocator then makes
+  // ordinary segments. vm_reserve: addresses only (a multiple of vm_page). vm_map: `bytes`
+  // of new memory at `addr` inside a reservation, the handle vm_unmap takes; throws
+  // depot::out_of_memory when there is no room (nothing mapped). vm_unmap undoes exactly one
+  // vm_map; vm_release gives back a reservation with nothing mapped in it.
+  [[nodiscard]] virtual std::size_t vm_page() { return 0; }
+  [[nodiscard]] virtual void* vm_reserve(std::size_t bytes)
+  {
+    (void)bytes;
+    throw_no_vm("vm_reserve");
+  }
+  [[nodiscard]] virtual std::uint64_t vm_map(void* addr, std::size_t bytes)
+  {
+    (void)addr;
+    (void)bytes;
+    throw_no_vm("vm_map");
+  }
+  virtual void vm_unmap(void* addr, std::size_t bytes, std::uint64_t handle) noexcept
+  {
+    (void)addr;
+    (void)bytes;
+    (void)handle;
+  }
+  virtual void vm_release(void* addr, std::size_t bytes) noexcept
+  {
+    (void)addr;
+    (void)bytes;
+  }
   // The interprocess handle of a segment (a pointer allocate() returned). By default, and
   // for upstreams whose memory is process-private, throws depot::error saying so.
   [[nodiscard]] virtual ipc_memory_handle ipc_export(void* segment)
@@ -46,6 +77,15 @@ class upstream_resource {
                     " caching allocator: this upstream's memory cannot be shared with another "
                     "process (only CUDA and HIP device memory can)",
                 "ipc_export", __FILE__, __LINE__, 0, "not_supported");
+  }
+
+ private:
+  [[noreturn]] void throw_no_vm(const char* call)
+  {
+    throw error("depot: " + device().to_string() +
+                    " caching allocator: this upstream cannot map memory into reserved addresses "
+                    "(no expandable segments)",
+                call, __FILE__, __LINE__, 0, "not_supported");
   }
 };
 

@@ -10,6 +10,7 @@
 #include <depot/hal/native_handle.hpp>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace depot::hal {
 
@@ -64,6 +65,12 @@ class gpu_runtime {
   static ipc_memory_handle ipc_export(void* allocation, int device);
   static void* ipc_open(const ipc_memory_handle& handle, int device);
   static void ipc_close(void* ptr, int device) noexcept;
+  // Virtual memory (see backend_runtime): the caching allocator's expandable segments.
+  static std::size_t vm_page(int device);
+  static void* vm_reserve(std::size_t bytes, int device);
+  static std::uint64_t vm_map(void* addr, std::size_t bytes, int device);
+  static void vm_unmap(void* addr, std::size_t bytes, std::uint64_t handle, int device) noexcept;
+  static void vm_release(void* addr, std::size_t bytes, int device) noexcept;
 
   static native_stream create_stream(int device);
   static void destroy_stream(native_stream stream, int device) noexcept;

@@ -46,6 +46,7 @@ class allocator_core {
   void reset_memory_stats();
   void set_trace_capacity(std::size_t events);
   [[nodiscard]] const allocator_config& config() const noexcept;
+  [[nodiscard]] std::size_t expandable_page() const noexcept;
   [[nodiscard]] device_id device() const noexcept;
 
  private:
