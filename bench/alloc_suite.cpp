@@ -131,6 +131,20 @@ std::vector<allocator_under_test> allocators_for(int device, std::size_t cap,
                    cfg.trace_capacity = trace_capacity;  // --trace-out
                    depot_pool = std::make_unique<caching_allocator<D>>(device, cfg);
                  }});
+  // depot with expandable segments (where the backend can map memory): the same hits, and
+  // misses that map pages into one address range per stream instead of making segments.
+  auto expandable = std::make_shared<std::unique_ptr<caching_allocator<D>>>();
+  out.push_back({"depot-expandable",
+                 [expandable](std::size_t n, native_stream s) {
+                   return (*expandable)->allocate(n, stream_ref<D>{s});
+                 },
+                 [expandable](void* p, native_stream s) { (*expandable)->deallocate(p, stream_ref<D>{s}); },
+                 [expandable, device] {
+                   expandable->reset();  // the previous configuration's pool goes first
+                   allocator_config cfg;
+                   cfg.expandable_segments = true;
+                   *expandable = std::make_unique<caching_allocator<D>>(device, cfg);
+                 }});
   out.push_back({is_gpu_v<D> ? std::string{D::name} + "Malloc" : std::string{"malloc"},
                  [device](std::size_t n, native_stream) { return runtime<D>::allocate(n, device); },
                  [device](void* p, native_stream) { runtime<D>::deallocate(p, device); },

@@ -1856,7 +1856,11 @@ struct allocator_core::impl {
     } else if (reserved - allocated >= size && st.fragmentation > 0.5) {
       msg << " The cached memory would suffice but is fragmented: set DEPOT_ALLOC_CONF="
              "max_split_size_mb:"
-          << std::max<std::size_t>(size >> 20, 1) << " so large blocks are not split.";
+          << std::max<std::size_t>(size >> 20, 1) << " so large blocks are not split";
+      if (vm_page == 0 && !cfg.expandable_segments) {
+        msg << ", or expandable_segments:true so large blocks grow one range of addresses";
+      }
+      msg << ".";
     } else {
       msg << " Free tensors you no longer need, use smaller batches, or check other processes "
              "on the device.";

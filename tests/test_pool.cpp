@@ -440,6 +440,36 @@ TEST_CASE_TEMPLATE("pool: out of memory retries, then throws a full report, and 
   CHECK(counters->failures.load() >= 2);
 }
 
+TEST_CASE_TEMPLATE("pool: out of memory with a fragmented cache suggests the settings that help", D,
+                   DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  depot::caching_allocator<D> a{std::make_unique<limiting_upstream<D>>(40 * MiB, counters), quiet_config<D>()};
+  // Two 20 MiB segments of three 6 MiB blocks each; every other block freed: 22 MiB cached in
+  // pieces of at most 8 MiB (fragmentation 0.64), none of it wholly free.
+  std::vector<void*> p;
+  for (int i = 0; i < 6; ++i) p.push_back(a.allocate(6 * MiB));
+  REQUIRE(a.stats().reserved_bytes.all.current == static_cast<std::int64_t>(40 * MiB));
+  a.deallocate(p[0]);
+  a.deallocate(p[2]);
+  a.deallocate(p[4]);
+  const auto st = a.stats();
+  CHECK(st.fragmentation > 0.5);
+  try {
+    (void)a.allocate(20 * MiB);
+    FAIL("20 MiB over a full 40 MiB upstream succeeded");
+  } catch (const depot::out_of_memory& e) {
+    const std::string m = e.what();
+    CHECK(contains(m, "fragmented"));
+    CHECK(contains(m, "max_split_size_mb:20"));
+    CHECK(contains(m, "expandable_segments:true"));
+  }
+  check_invariants(a);
+  a.deallocate(p[1]);
+  a.deallocate(p[3]);
+  a.deallocate(p[5]);
+}
+
 TEST_CASE_TEMPLATE("pool: per_process_memory_fraction caps reserved memory", D, DEPOT_TEST_DEVICES)
 {
   auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
@@ -1305,8 +1335,12 @@ TEST_CASE_TEMPLATE("pool: four threads at once", D, DEPOT_TEST_DEVICES)
   // thread's own peak of requested bytes is a lower bound of the shared peak, and the sum
   // of their peaks plus what three other caches may hold unpublished (64 KiB, or one block
   // that crossed it) an upper bound; current figures and totals are exact at the end.
+  // Thread 0 empties the cache now and then, so segments go (and expandable ones shrink)
+  // while the others grow theirs.
   depot::allocator_config cfg = quiet_config<D>();
   cfg.stats_batch = 64 * KiB;
+  SUBCASE("ordinary segments") {}
+  SUBCASE("expandable segments") { cfg.expandable_segments = true; }
   depot::caching_allocator<D> a{0, cfg};
   std::atomic<int> errors{0};
   std::atomic<std::int64_t> made{0};
@@ -1338,6 +1372,7 @@ TEST_CASE_TEMPLATE("pool: four threads at once", D, DEPOT_TEST_DEVICES)
           live_bytes -= static_cast<std::int64_t>(mine[k].second);
           mine.erase(mine.begin() + static_cast<long>(k));
         }
+        if (t == 0 && i % 500 == 499) a.empty_cache();
       }
       s.synchronize();
       for (auto& [p, n] : mine) a.deallocate(p, s);
@@ -1345,6 +1380,7 @@ TEST_CASE_TEMPLATE("pool: four threads at once", D, DEPOT_TEST_DEVICES)
   }
   for (auto& th : threads) th.join();
   CHECK(errors.load() == 0);
+  CHECK((a.expandable_page() != 0) == cfg.expandable_segments);
   const depot::memory_stats st = a.stats();
   std::int64_t sum = 0;
   for (const std::int64_t p : own_peak) {
@@ -1357,6 +1393,8 @@ TEST_CASE_TEMPLATE("pool: four threads at once", D, DEPOT_TEST_DEVICES)
   CHECK(st.num_allocations.all.allocated == made.load());
   CHECK(st.num_allocations.all.freed == made.load());
   check_invariants(a);
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
 }
 
 TEST_CASE_TEMPLATE("pool: four threads on one stream, and a reader of the statistics", D,

@@ -151,6 +151,28 @@ def main():
     if a.screenshot and os.path.exists(shot):
         shutil.copyfile(shot, a.screenshot)
 
+    # the same workload with expandable segments: pages mapped and unmapped at the ends of
+    # one range per stream (segment_map / segment_unmap events); reserved bytes and the
+    # fragmentation the page computes from the trace must still equal the pool's
+    env = dict(os.environ, DEPOT_ALLOC_CONF='expandable_segments:true')
+    p = run([a.make_trace, '--events', 4000, '--capacity', 100000, '--trace', w('expandable.json'),
+             '--expect', w('expect-expandable.json')], env=env)
+    if check(p.returncode == 0, 'memviz-make-trace (expandable segments) ran'):
+        expect_x = json.load(open(w('expect-expandable.json')))
+        kinds = {e['kind'] for e in json.load(open(w('expandable.json')))['events']}
+        check({'segment_map', 'segment_unmap'} <= kinds, 'expandable trace: segment_map and segment_unmap events')
+        p = run([a.memviz, '--trace', w('expandable.json'), '-o', w('expandable.html')])
+        check(p.returncode == 0, 'depot-memviz expandable: exit 0 (%s)' % (p.stdout + p.stderr).strip())
+        attrs, problems, _ = open_page(chromium, w('expandable.html'))
+        if page_ok(attrs, problems, 'expandable page'):
+            su, se = attrs.get('summary', {}), attrs.get('series', {})
+            check(as_int(su, 'data-peak-reserved') == expect_x['peak_reserved'],
+                  'expandable page: peak reserved %s = pool peak %d' % (su.get('data-peak-reserved'), expect_x['peak_reserved']))
+            check(as_int(se, 'data-ymax') == expect_x['peak_reserved'], 'expandable page: series top = peak reserved')
+            check(abs(float(su.get('data-final-fragmentation', '-1')) - expect_x['fragmentation']) < 1e-9,
+                  'expandable page: fragmentation at the end %s = pool %.6f' %
+                  (su.get('data-final-fragmentation'), expect_x['fragmentation']))
+
     # colour by stream, a zoomed window
     attrs, problems, _ = open_page(chromium, w('small.html'), 'view=0.25,0.5&color=stream')
     if page_ok(attrs, problems, 'small page, by stream, zoomed'):
