@@ -281,6 +281,60 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
   depot_pool.reset();
 }
 
+// Tensors that grow step by step (a sequence length, a batch size): each of 32 steps
+// allocates 4 blocks of 5 MiB + step x 640 KiB on one stream, then frees them. Ordinary
+// segments fit a step's blocks only into segments that were made for smaller ones, so each
+// step from 10 MiB on makes new ones beside the cached old ones; an expandable segment
+// grows its one free range. Reports the peak reserved against the peak allocated.
+template <device D>
+void alloc_growth(int device, nlohmann::json& rows)
+{
+  std::printf("\n%s:%d  growing requests: 32 steps of 4 blocks of 5 MiB + step x 640 KiB, freed after each step\n",
+              std::string{D::name}.c_str(), device);
+  std::printf("  %-17s %14s %14s %9s %8s %8s %9s\n", "allocator", "peak allocated", "peak reserved", "ratio",
+              "segments", "misses", "ms");
+  for (const bool expandable : {false, true}) {
+    allocator_config cfg;
+    cfg.expandable_segments = expandable;
+    caching_allocator<D> a{device, cfg};
+    stream<D> s{device};
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t step = 0; step < 32; ++step) {
+      void* p[4];
+      for (void*& x : p) x = a.allocate((std::size_t{5} << 20) + step * (std::size_t{640} << 10), s);
+      for (void* x : p) a.deallocate(x, s);
+    }
+    s.synchronize();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const memory_stats st = a.stats();
+    const std::string name = expandable ? (a.expandable_page() != 0 ? "depot-expandable" : "depot-exp(n/a)")
+                                        : "depot";
+    const double ratio = static_cast<double>(st.reserved_bytes.all.peak) / static_cast<double>(st.allocated_bytes.all.peak);
+    std::printf("  %-17s %11.1f MiB %11.1f MiB %9.2f %8lld %8lld %9.2f\n", name.c_str(),
+                static_cast<double>(st.allocated_bytes.all.peak) / 1048576.0,
+                static_cast<double>(st.reserved_bytes.all.peak) / 1048576.0, ratio,
+                static_cast<long long>(st.num_segments.all.peak), static_cast<long long>(st.num_cache_misses), ms);
+    rows.push_back({{"device", std::string{D::name} + ":" + std::to_string(device)},
+                    {"workload", "growing"},
+                    {"allocator", name},
+                    {"peak_allocated", st.allocated_bytes.all.peak},
+                    {"peak_reserved", st.reserved_bytes.all.peak},
+                    {"segments_peak", st.num_segments.all.peak},
+                    {"misses", st.num_cache_misses},
+                    {"ms", ms}});
+  }
+}
+
+template <device D>
+void alloc_all(const options& opts, int device, nlohmann::json& rows)
+{
+  alloc_device<D>(opts, device, rows);
+  const auto& only = opts.alloc_only;
+  if (only.empty() || std::find(only.begin(), only.end(), "depot-expandable") != only.end()) {
+    alloc_growth<D>(device, rows);
+  }
+}
+
 }  // namespace
 
 nlohmann::json run_alloc(const options& opts)
@@ -294,12 +348,12 @@ nlohmann::json run_alloc(const options& opts)
     }
   }
   nlohmann::json rows = nlohmann::json::array();
-  if (opts.device == "all" || opts.device == "host") alloc_device<host>(opts, 0, rows);
+  if (opts.device == "all" || opts.device == "host") alloc_all<host>(opts, 0, rows);
 #if DEPOT_HAS_CUDA
-  if ((opts.device == "all" || opts.device == "cuda") && device_count<cuda>() > 0) alloc_device<cuda>(opts, 0, rows);
+  if ((opts.device == "all" || opts.device == "cuda") && device_count<cuda>() > 0) alloc_all<cuda>(opts, 0, rows);
 #endif
 #if DEPOT_HAS_HIP
-  if ((opts.device == "all" || opts.device == "hip") && device_count<hip>() > 0) alloc_device<hip>(opts, 0, rows);
+  if ((opts.device == "all" || opts.device == "hip") && device_count<hip>() > 0) alloc_all<hip>(opts, 0, rows);
 #endif
   return nlohmann::json{{"suite", "alloc"}, {"seed", opts.seed}, {"rows", rows}};
 }

@@ -95,6 +95,15 @@ std::string device_state()
   return "free/total unknown";
 }
 
+// The virtual-memory calls are the driver's (CUDA), which act in the calling thread's
+// current context: a thread that never made a runtime call on the device has none. A free
+// of nothing binds the device's primary context to the thread, as any runtime call does.
+template <class Api>
+void bind_context() noexcept
+{
+  if (Api::free(nullptr) != Api::success) (void)Api::get_last_error();
+}
+
 // Runs `release` (a free or unmap, which has no caller to report to: it must not throw in
 // teardown) with `device` current, then restores the previous device; failures of any of
 // the three calls are cleared from the error state, never thrown.
@@ -470,6 +479,7 @@ void* gpu_runtime<Api>::vm_reserve(std::size_t bytes, int device)
                 "depot: vm_reserve of " + std::to_string(bytes) + " bytes: must be a non-zero multiple of the " +
                     std::to_string(page) + "-byte page");
   detail::scoped_device<Api> on{device};
+  detail::bind_context<Api>();
   void* p = nullptr;
   if (const auto status = Api::vm_reserve(&p, bytes, page); status != Api::success) {
     (void)Api::get_last_error();
@@ -487,6 +497,7 @@ std::uint64_t gpu_runtime<Api>::vm_map(void* addr, std::size_t bytes, int device
   check_device(device);
   DEPOT_EXPECTS(addr != nullptr && bytes != 0, "depot: vm_map of a null address or of 0 bytes");
   detail::scoped_device<Api> on{device};
+  detail::bind_context<Api>();
   typename Api::vm_handle_t h{};
   if (const auto status = Api::vm_create(&h, bytes, device); status != Api::success) {
     (void)Api::get_last_error();
@@ -512,14 +523,20 @@ std::uint64_t gpu_runtime<Api>::vm_map(void* addr, std::size_t bytes, int device
 template <class Api>
 void gpu_runtime<Api>::vm_unmap(void* addr, std::size_t bytes, std::uint64_t handle, int device) noexcept
 {
-  detail::release_on<Api>(device, [addr, bytes] { return Api::vm_unmap(addr, bytes); });
+  detail::release_on<Api>(device, [addr, bytes] {
+    detail::bind_context<Api>();
+    return Api::vm_unmap(addr, bytes);
+  });
   detail::release_on<Api>(device, [handle] { return Api::vm_release_handle(Api::vm_handle(handle)); });
 }
 
 template <class Api>
 void gpu_runtime<Api>::vm_release(void* addr, std::size_t bytes, int device) noexcept
 {
-  detail::release_on<Api>(device, [addr, bytes] { return Api::vm_free_address(addr, bytes); });
+  detail::release_on<Api>(device, [addr, bytes] {
+    detail::bind_context<Api>();
+    return Api::vm_free_address(addr, bytes);
+  });
 }
 
 template <class Api>
