@@ -287,7 +287,7 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
 // step from 10 MiB on makes new ones beside the cached old ones; an expandable segment
 // grows its one free range. Reports the peak reserved against the peak allocated.
 template <device D>
-void alloc_growth(int device, nlohmann::json& rows)
+void alloc_growth(int device, nlohmann::json& growing)
 {
   std::printf("\n%s:%d  growing requests: 32 steps of 4 blocks of 5 MiB + step x 640 KiB, freed after each step\n",
               std::string{D::name}.c_str(), device);
@@ -314,8 +314,7 @@ void alloc_growth(int device, nlohmann::json& rows)
                 static_cast<double>(st.allocated_bytes.all.peak) / 1048576.0,
                 static_cast<double>(st.reserved_bytes.all.peak) / 1048576.0, ratio,
                 static_cast<long long>(st.num_segments.all.peak), static_cast<long long>(st.num_cache_misses), ms);
-    rows.push_back({{"device", std::string{D::name} + ":" + std::to_string(device)},
-                    {"workload", "growing"},
+    growing.push_back({{"device", std::string{D::name} + ":" + std::to_string(device)},
                     {"allocator", name},
                     {"peak_allocated", st.allocated_bytes.all.peak},
                     {"peak_reserved", st.reserved_bytes.all.peak},
@@ -326,12 +325,12 @@ void alloc_growth(int device, nlohmann::json& rows)
 }
 
 template <device D>
-void alloc_all(const options& opts, int device, nlohmann::json& rows)
+void alloc_all(const options& opts, int device, nlohmann::json& rows, nlohmann::json& growing)
 {
   alloc_device<D>(opts, device, rows);
   const auto& only = opts.alloc_only;
   if (only.empty() || std::find(only.begin(), only.end(), "depot-expandable") != only.end()) {
-    alloc_growth<D>(device, rows);
+    alloc_growth<D>(device, growing);
   }
 }
 
@@ -348,14 +347,15 @@ nlohmann::json run_alloc(const options& opts)
     }
   }
   nlohmann::json rows = nlohmann::json::array();
-  if (opts.device == "all" || opts.device == "host") alloc_all<host>(opts, 0, rows);
+  nlohmann::json growing = nlohmann::json::array();  // the growing-requests workload
+  if (opts.device == "all" || opts.device == "host") alloc_all<host>(opts, 0, rows, growing);
 #if DEPOT_HAS_CUDA
-  if ((opts.device == "all" || opts.device == "cuda") && device_count<cuda>() > 0) alloc_all<cuda>(opts, 0, rows);
+  if ((opts.device == "all" || opts.device == "cuda") && device_count<cuda>() > 0) alloc_all<cuda>(opts, 0, rows, growing);
 #endif
 #if DEPOT_HAS_HIP
-  if ((opts.device == "all" || opts.device == "hip") && device_count<hip>() > 0) alloc_all<hip>(opts, 0, rows);
+  if ((opts.device == "all" || opts.device == "hip") && device_count<hip>() > 0) alloc_all<hip>(opts, 0, rows, growing);
 #endif
-  return nlohmann::json{{"suite", "alloc"}, {"seed", opts.seed}, {"rows", rows}};
+  return nlohmann::json{{"suite", "alloc"}, {"seed", opts.seed}, {"rows", rows}, {"growing", growing}};
 }
 
 }  // namespace depot::bench

@@ -17,9 +17,13 @@ check grep -q "copy device->device" "$tmp/out"
 check python3 -c "import json,sys; r=json.load(open('$tmp/r.json')); s=r['suites'][0]; \
 assert s['suite']=='info'; d=s['devices'][0]; assert d['id']=='host:0'; \
 assert all(x['gbps']>0 for x in d['results']), d; a=r['suites'][1]; assert a['suite']=='alloc'; \
-rows=a['rows']; h=[x for x in rows if x['device']=='host:0']; assert len(h)==4, rows; \
-assert {x['allocator'] for x in h}=={'depot','malloc'}; assert all(x['us_per_pair']>0 for x in rows), rows; \
-g=[x for x in rows if x['device']!='host:0']; assert not g or {'depot'} <= {x['allocator'] for x in g}, g"
+rows=a['rows']; h=[x for x in rows if x['device']=='host:0']; assert len(h)==6, rows; \
+assert {x['allocator'] for x in h}=={'depot','depot-expandable','malloc'}; assert all(x['us_per_pair']>0 for x in rows), rows; \
+g=[x for x in rows if x['device']!='host:0']; assert not g or {'depot'} <= {x['allocator'] for x in g}, g; \
+gr={x['allocator']: x for x in a['growing'] if x['device']=='host:0'}; assert set(gr)=={'depot','depot-expandable'}, gr; \
+o, e = gr['depot'], gr['depot-expandable']; assert o['peak_allocated'] > 0 and e['peak_allocated'] > 0, gr; \
+assert e['peak_reserved'] == e['peak_allocated'] and o['peak_reserved'] > 2 * o['peak_allocated'], gr; \
+assert e['segments_peak'] == 1, gr"
 
 "$bench" info --device host --size 1MiB --repetitions 2 > "$tmp/out" 2>&1
 check test $? -eq 0
