@@ -1897,8 +1897,9 @@ struct allocator_core::impl {
   // Maps the pages a large request of `size` needs at the end of this cache's expandable
   // segment (reserving one first if it has none), beyond its last block when that is free,
   // then takes the block (caller holds grow_mu, not c.mu). Nothing when the limit, the
-  // upstream or the reservation refuses; nothing changed then.
-  block_ref expand(stream_cache& c, std::size_t size, std::size_t bytes)
+  // upstream or the reservation refuses (no_range: no addresses could be reserved); nothing
+  // changed then.
+  block_ref expand(stream_cache& c, std::size_t size, std::size_t bytes, bool& no_range)
   {
     cache_lock g{figures, c};
     if (block_ref b = take(c, size, false, bytes); b.found()) return b;
@@ -1916,6 +1917,7 @@ struct allocator_core::impl {
       try {
         fresh->addr = reinterpret_cast<std::uintptr_t>(up->vm_reserve(vm_span));
       } catch (const out_of_memory&) {
+        no_range = true;
         return {};
       }
       fresh->reserved = vm_span;
@@ -1992,7 +1994,9 @@ struct allocator_core::impl {
       if (block_ref b = take(c, size, small, bytes); b.found()) return b;
     }
     if (block_ref b = steal(c, size, small, bytes); b.found()) return b;
-    if (!small && vm_page != 0) return allocate_expanding(c, size, bytes, s);
+    if (!small && vm_page != 0) {
+      if (block_ref b = allocate_expanding(c, size, bytes, s); b.found()) return b;
+    }
 
     std::size_t seg_bytes = segment_size(size, small);
     if (cfg.garbage_collection_threshold > 0.0) {
@@ -2072,7 +2076,9 @@ struct allocator_core::impl {
   }
 
   // allocate_miss of a large block with expandable segments: the same retries, mapping
-  // pages in place of new segments.
+  // pages in place of new segments. Nothing when no range of addresses could be reserved
+  // (the address space is finite: a range per stream as large as the device): the caller
+  // makes an ordinary segment instead.
   block_ref allocate_expanding(stream_cache& c, std::size_t size, std::size_t bytes, native_stream s)
   {
     if (cfg.garbage_collection_threshold > 0.0) {
@@ -2082,11 +2088,12 @@ struct allocator_core::impl {
         flush_all(false);
       }
     }
-    if (block_ref b = expand(c, size, bytes); b.found()) return b;
+    bool no_range = false;
+    if (block_ref b = expand(c, size, bytes, no_range); b.found() || no_range) return b;
     retries.fetch_add(1);
     flush_all(true);
     if (block_ref b = steal(c, size, false, bytes); b.found()) return b;
-    if (block_ref b = expand(c, size, bytes); b.found()) return b;
+    if (block_ref b = expand(c, size, bytes, no_range); b.found() || no_range) return b;
     const bool capped = limit != k_unlimited && static_cast<std::size_t>(figures.total(q_reserved)) + size > limit;
     throw_oom(bytes, size, s,
               capped ? "the per-process limit is reached"

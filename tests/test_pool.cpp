@@ -97,6 +97,7 @@ class limiting_upstream final : public depot::upstream_resource {
   std::size_t vm_page() override { return vm ? inner_.vm_page() : 0; }
   void* vm_reserve(std::size_t bytes) override
   {
+    if (fail_reserve) throw depot::out_of_memory("limiting upstream: no addresses", bytes, device());
     void* p = inner_.vm_reserve(bytes);
     ++c_->reservations;
     return p;
@@ -125,6 +126,7 @@ class limiting_upstream final : public depot::upstream_resource {
   }
   bool vm = true;                     // false: as an upstream that cannot map memory
   bool fail_maps_with_error = false;  // vm_map throws depot::error (not out of memory)
+  bool fail_reserve = false;          // vm_reserve finds no addresses
   bool event_done(depot::native_event e) override { return inner_.event_done(e); }
   void wait_event(depot::native_event e) override { inner_.wait_event(e); }
   void stream_wait(depot::native_stream s, depot::native_event e) override { inner_.stream_wait(s, e); }
@@ -1997,6 +1999,36 @@ TEST_CASE_TEMPLATE("pool: expandable segments fall back to ordinary segments whe
   CHECK(segs[0].size == 20 * MiB);  // an ordinary 20 MiB segment
   CHECK(counters->reservations.load() == 0);
   a.deallocate(p);
+}
+
+TEST_CASE_TEMPLATE("pool: expandable segments make ordinary ones when no addresses can be reserved", D,
+                   DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  {
+    auto up = std::make_unique<limiting_upstream<D>>(std::size_t{1} << 40, counters);
+    limiting_upstream<D>* upstream = up.get();
+    depot::caching_allocator<D> a{std::move(up), expandable_config<D>()};
+    REQUIRE(a.expandable_page() != 0);
+    upstream->fail_reserve = true;
+    void* p = a.allocate(3 * MiB);  // an ordinary 20 MiB segment, not an out-of-memory error
+    auto segs = large_segments(a.snapshot());
+    REQUIRE(segs.size() == 1);
+    CHECK(segs[0].reserved == 0);
+    CHECK(segs[0].size == 20 * MiB);
+    CHECK(a.stats().num_ooms == 0);
+    upstream->fail_reserve = false;
+    void* q = a.allocate(30 * MiB);  // addresses again: an expandable segment
+    segs = large_segments(a.snapshot());
+    REQUIRE(segs.size() == 2);
+    CHECK((segs[0].reserved != 0) != (segs[1].reserved != 0));
+    CHECK(counters->reservations.load() == 1);
+    check_invariants(a);
+    a.deallocate(p);
+    a.deallocate(q);
+  }
+  CHECK(counters->outstanding.load() == 0);
+  CHECK(counters->reservations.load() == 0);
 }
 
 TEST_CASE_TEMPLATE("pool: fixed_pool serves equal blocks and reports its use", D, DEPOT_TEST_DEVICES)
