@@ -11,6 +11,7 @@
 #include <depot/pool/caching_allocator.hpp>
 #include <depot/pool/trace_file.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -70,11 +71,16 @@ TEST_CASE_TEMPLATE("trace: a real allocator's trace and snapshot read back exact
 {
   depot::allocator_config cfg;
   cfg.trace_capacity = 1000;
+  SUBCASE("ordinary segments") {}
+  SUBCASE("expandable segments") { cfg.expandable_segments = true; }  // segment_map events
   depot::caching_allocator<D> a{0, cfg};
   std::vector<void*> ptrs;
-  for (std::size_t n : {1 * KiB, 3 * MiB, 100 * KiB, 700 * KiB}) ptrs.push_back(a.allocate(n));
+  for (std::size_t n : {1 * KiB, 3 * MiB, 100 * KiB, 700 * KiB, 7 * MiB}) ptrs.push_back(a.allocate(n));
   a.deallocate(ptrs[1]);
   ptrs[1] = a.allocate(2 * MiB);
+  a.deallocate(ptrs[4]);
+  a.empty_cache();  // (expandable: segment_unmap)
+  ptrs[4] = a.allocate(5 * MiB);
   a.deallocate(ptrs[0]);
   const std::vector<depot::trace_event> events = a.trace();
   const depot::recorded_trace t = depot::parse_trace(a.trace_json(), "pool");
@@ -88,6 +94,14 @@ TEST_CASE_TEMPLATE("trace: a real allocator's trace and snapshot read back exact
   for (std::size_t i = 0; i < events.size(); ++i) CHECK(same_event(again.events[i], events[i]));
 
   const depot::allocator_snapshot snap = a.snapshot();
+  if (cfg.expandable_segments) {
+    const auto kinds = [&](depot::trace_kind k) {
+      return std::count_if(events.begin(), events.end(), [k](const depot::trace_event& e) { return e.kind == k; });
+    };
+    CHECK(kinds(depot::trace_kind::segment_map) >= 1);
+    CHECK(kinds(depot::trace_kind::segment_unmap) >= 1);
+    CHECK(std::any_of(snap.segments.begin(), snap.segments.end(), [](const auto& g) { return g.reserved != 0; }));
+  }
   temp_dir dir;
   {
     std::ofstream out{dir.path / "snap.json"};
@@ -101,6 +115,7 @@ TEST_CASE_TEMPLATE("trace: a real allocator's trace and snapshot read back exact
     CHECK(back.segments[s].size == snap.segments[s].size);
     CHECK(back.segments[s].small_pool == snap.segments[s].small_pool);
     CHECK(back.segments[s].exported == snap.segments[s].exported);
+    CHECK(back.segments[s].reserved == snap.segments[s].reserved);
     REQUIRE(back.segments[s].blocks.size() == snap.segments[s].blocks.size());
     for (std::size_t b = 0; b < snap.segments[s].blocks.size(); ++b) {
       CHECK(back.segments[s].blocks[b].address == snap.segments[s].blocks[b].address);
