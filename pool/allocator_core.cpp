@@ -1887,6 +1887,18 @@ struct allocator_core::impl {
     }
   }
 
+  // garbage_collection_threshold: when growing by `bytes` would take the reserved memory
+  // past that fraction of the allowed total, the free cache is released first.
+  void collect_before_growing(std::size_t bytes)
+  {
+    if (cfg.garbage_collection_threshold <= 0.0) return;
+    const double cap = static_cast<double>(limit != k_unlimited ? limit : up->memory().total_bytes);
+    if (static_cast<double>(figures.total(q_reserved) + static_cast<std::int64_t>(bytes)) >
+        cfg.garbage_collection_threshold * cap) {
+      flush_all(false);
+    }
+  }
+
   // Takes a free block of this cache's pool (caller holds c.mu).
   block_ref take(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
   {
@@ -1999,14 +2011,7 @@ struct allocator_core::impl {
     }
 
     std::size_t seg_bytes = segment_size(size, small);
-    if (cfg.garbage_collection_threshold > 0.0) {
-      const double cap = static_cast<double>(limit != k_unlimited ? limit : up->memory().total_bytes);
-      if (static_cast<double>(figures.total(q_reserved) +
-                              static_cast<std::int64_t>(seg_bytes)) >
-          cfg.garbage_collection_threshold * cap) {
-        flush_all(false);
-      }
-    }
+    collect_before_growing(seg_bytes);
     void* p = grow(seg_bytes);
     if (p == nullptr && seg_bytes > size) {  // a 20 MiB segment may not fit where the block does
       seg_bytes = small ? k_small_segment : (size + k_large_round - 1) / k_large_round * k_large_round;
@@ -2081,13 +2086,7 @@ struct allocator_core::impl {
   // makes an ordinary segment instead.
   block_ref allocate_expanding(stream_cache& c, std::size_t size, std::size_t bytes, native_stream s)
   {
-    if (cfg.garbage_collection_threshold > 0.0) {
-      const double cap = static_cast<double>(limit != k_unlimited ? limit : up->memory().total_bytes);
-      if (static_cast<double>(figures.total(q_reserved) + static_cast<std::int64_t>(size)) >
-          cfg.garbage_collection_threshold * cap) {
-        flush_all(false);
-      }
-    }
+    collect_before_growing(size);
     bool no_range = false;
     if (block_ref b = expand(c, size, bytes, no_range); b.found() || no_range) return b;
     retries.fetch_add(1);

@@ -49,13 +49,13 @@ class upstream_resource {
   [[nodiscard]] virtual void* vm_reserve(std::size_t bytes)
   {
     (void)bytes;
-    throw_no_vm("vm_reserve");
+    throw_not_supported("vm_reserve", k_no_vm);
   }
   [[nodiscard]] virtual std::uint64_t vm_map(void* addr, std::size_t bytes)
   {
     (void)addr;
     (void)bytes;
-    throw_no_vm("vm_map");
+    throw_not_supported("vm_map", k_no_vm);
   }
   virtual void vm_unmap(void* addr, std::size_t bytes, std::uint64_t handle) noexcept
   {
@@ -73,19 +73,18 @@ class upstream_resource {
   [[nodiscard]] virtual ipc_memory_handle ipc_export(void* segment)
   {
     (void)segment;
-    throw error("depot: " + device().to_string() +
-                    " caching allocator: this upstream's memory cannot be shared with another "
-                    "process (only CUDA and HIP device memory can)",
-                "ipc_export", __FILE__, __LINE__, 0, "not_supported");
+    throw_not_supported("ipc_export", "this upstream's memory cannot be shared with another process (only "
+                                      "CUDA and HIP device memory can)");
   }
 
  private:
-  [[noreturn]] void throw_no_vm(const char* call)
+  static constexpr const char* k_no_vm =
+      "this upstream cannot map memory into reserved addresses (no expandable segments)";
+  // depot::error "not_supported" naming this upstream's device and what it cannot do.
+  [[noreturn]] void throw_not_supported(const char* call, const char* what)
   {
-    throw error("depot: " + device().to_string() +
-                    " caching allocator: this upstream cannot map memory into reserved addresses "
-                    "(no expandable segments)",
-                call, __FILE__, __LINE__, 0, "not_supported");
+    throw error("depot: " + device().to_string() + " caching allocator: " + what, call, __FILE__, __LINE__, 0,
+                "not_supported");
   }
 };
 
