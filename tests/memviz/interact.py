@@ -491,6 +491,14 @@ TIP = """(() => { const t = document.getElementById('tip'); const r = t.getBound
           room: [document.documentElement.clientWidth, document.documentElement.clientHeight]}; })()"""
 
 
+# Queues the page's requestAnimationFrame callbacks until __depotReleaseFrames() runs them.
+HOLD_FRAMES = '''(() => {
+  const raf = window.requestAnimationFrame.bind(window), held = [];
+  window.requestAnimationFrame = (f) => { held.push(f); return held.length; };
+  window.__depotReleaseFrames = () => { window.requestAnimationFrame = raf; for (const f of held.splice(0)) raf(f); };
+})();'''
+
+
 def state(br):
     return br.evaluate(GEOMETRY)
 
@@ -874,8 +882,14 @@ def main():
         # ---- a window so tall that the page's scrollbar goes once the segment map is drawn
         height = br.evaluate('document.documentElement.scrollHeight') + 60
         br.call('Emulation.setDeviceMetricsOverride', {'width': 1400, 'height': height, 'deviceScaleFactor': 1, 'mobile': False})
+        # Animation frames are held until the page is read: what it shows when it says ready
+        # must already fit, not only after a redraw a frame later (CI read the page before that
+        # frame once; holding the frames makes the check independent of the machine's speed).
+        hold = br.call('Page.addScriptToEvaluateOnNewDocument', {'source': HOLD_FRAMES})['identifier']
         ck(br.open(w('small.html')), 'small page in a 1400x%d window loaded and drew' % height)
         g = state(br)
+        br.evaluate('window.__depotReleaseFrames()')
+        br.call('Page.removeScriptToEvaluateOnNewDocument', {'identifier': hold})
         ck(br.evaluate('document.documentElement.scrollHeight <= window.innerHeight'), 'small page, tall window: no scrollbar')
         page_sane(br, g, ck, 'small page, tall window', height=(height, height))
         if 'plotLeft' in g['timeline']['data']:  # near the right edge, where a stretched canvas is most off

@@ -813,17 +813,27 @@
   // resize: the page's scrollbar comes or goes when the segment map (drawn after the plots)
   // or the error box changes the page's height. CSS then stretches the old drawing, and hover
   // and zoom miss what is drawn by up to the scrollbar's width. Redraw what no longer fits.
+  const wantWidth = (c) => Math.round(Math.max(c.parentElement.clientWidth, 320) * (window.devicePixelRatio || 1));
+  const plotsStale = () => wantWidth(timeline) !== timeline.width || wantWidth(seriesCanvas) !== seriesCanvas.width;
+  const segmentsStale = () => wantWidth(segCanvas) !== segCanvas.width;
   if (typeof ResizeObserver === 'function') {
     new ResizeObserver(() => {
-      const dpr = window.devicePixelRatio || 1;
-      const want = (c) => Math.round(Math.max(c.parentElement.clientWidth, 320) * dpr);
-      if (want(timeline) !== timeline.width || want(seriesCanvas) !== seriesCanvas.width) schedule();
-      if (want(segCanvas) !== segCanvas.width) drawSegments();
+      if (plotsStale()) schedule();
+      if (segmentsStale()) drawSegments();
     }).observe(document.body);
   }
 
+  // The first drawing settles before the page says it is ready: drawing the segment map can
+  // take the scrollbar away (or bring it), and the observer's redraw would come a frame later,
+  // after a screenshot or a test had already read the page. Reading clientWidth lays the page
+  // out at once, so each pass sees the widths the last one left; two passes settle it (a third
+  // guards a page whose scrollbar depends on its own width).
   drawHeader();
   drawAll();
   drawSegments();
+  for (let pass = 0; pass < 3 && (plotsStale() || segmentsStale()); pass++) {
+    if (plotsStale()) drawAll();
+    if (segmentsStale()) drawSegments();
+  }
   root.dataset.ready = '1';
 })();
