@@ -74,13 +74,71 @@ std::string_view trim(std::string_view s)
   return s;
 }
 
+constexpr std::size_t max_bound = std::size_t{1} << 50;
+
+bool divisions_ok(unsigned long long v) { return v <= 64 && (v == 0 || std::has_single_bit(v)); }
+bool bound_ok(std::size_t v) { return v >= mib && v <= max_bound && std::has_single_bit(v); }
+
+// The position of the first ',' of `text` outside brackets (a list value holds commas).
+std::size_t item_end(std::string_view text)
+{
+  int depth = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '[') ++depth;
+    if (text[i] == ']') --depth;
+    if (text[i] == ',' && depth <= 0) return i;
+  }
+  return std::string_view::npos;
+}
+
+// roundup_power2_divisions:[256:1,512:2,>:8] (bounds: a plain number is MiB, as PyTorch's).
+std::vector<allocator_config::roundup_interval> parse_intervals(std::string_view key, std::string_view value)
+{
+  const auto wrong = [&](std::string_view entry, std::string_view why) {
+    bad(key, value,
+        "a list [bound:N,...,>:N]" + (entry.empty() ? std::string{} : ", and in '" + std::string{entry} + "' ") +
+            std::string{why});
+  };
+  if (value.size() < 2 || value.back() != ']') wrong({}, "(brackets around the intervals)");
+  std::string_view body = value.substr(1, value.size() - 2);
+  std::vector<allocator_config::roundup_interval> out;
+  while (true) {
+    const auto comma = body.find(',');
+    const std::string_view entry = trim(body.substr(0, comma));
+    const auto colon = entry.find(':');
+    if (colon == std::string_view::npos) wrong(entry, "an interval is bound:N");
+    const std::string_view bound = trim(entry.substr(0, colon));
+    const std::string_view n = trim(entry.substr(colon + 1));
+    if (!out.empty() && out.back().up_to == unlimited) wrong(entry, "'>' (all larger) must be the last interval");
+    allocator_config::roundup_interval iv;
+    if (bound == ">") {
+      iv.up_to = unlimited;
+    } else {
+      const bool mib_count = !bound.empty() && bound.find_first_not_of("0123456789") == std::string_view::npos;
+      constexpr std::string_view range = "the bound is a power of two in [1MiB, 2^50 bytes] (a plain number: MiB)";
+      const auto unit = mib_count ? parse_unsigned(key, bound, range) : parse_bytes(key, bound, range);
+      if (mib_count && unit > (max_bound >> 20)) wrong(entry, range);
+      iv.up_to = static_cast<std::size_t>(unit) * (mib_count ? mib : 1);
+      if (!bound_ok(iv.up_to)) wrong(entry, range);
+      if (!out.empty() && iv.up_to <= out.back().up_to) wrong(entry, "the bounds must increase");
+    }
+    const auto d = parse_unsigned(key, n, "N is 0 or a power of two in [1, 64]");
+    if (!divisions_ok(d)) wrong(entry, "N is 0 or a power of two in [1, 64]");
+    iv.divisions = static_cast<unsigned>(d);
+    out.push_back(iv);
+    if (comma == std::string_view::npos) break;
+    body = body.substr(comma + 1);
+  }
+  return out;
+}
+
 }  // namespace
 
 allocator_config allocator_config::parse(std::string_view text)
 {
   allocator_config c;
   while (!text.empty()) {
-    const auto comma = text.find(',');
+    const auto comma = item_end(text);
     const std::string_view item = trim(text.substr(0, comma));
     text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
     if (item.empty()) continue;
@@ -103,11 +161,15 @@ allocator_config allocator_config::parse(std::string_view text)
       c.max_split_size = v;
     } else if (key == "release_threshold") {
       c.release_threshold = parse_bytes(key, value, "a size in [0, 2^50 bytes], e.g. 1GiB");
+    } else if (key == "roundup_power2_divisions" && !value.empty() && value.front() == '[') {
+      c.roundup_power2_intervals = parse_intervals(key, value);
+      c.roundup_power2_divisions = 0;
     } else if (key == "roundup_power2_divisions") {
-      constexpr std::string_view range = "0 or a power of two in [1, 64]";
+      constexpr std::string_view range = "0 or a power of two in [1, 64], or a list [256:1,512:2,>:4]";
       const auto v = parse_unsigned(key, value, range);
-      if (v > 64 || (v != 0 && !std::has_single_bit(v))) bad(key, value, range);
+      if (!divisions_ok(v)) bad(key, value, range);
       c.roundup_power2_divisions = static_cast<unsigned>(v);
+      c.roundup_power2_intervals.clear();
     } else if (key == "garbage_collection_threshold") {
       constexpr std::string_view range = "a fraction in (0, 1), or 0 for off";
       const double v = parse_double(key, value, range);
@@ -149,7 +211,52 @@ allocator_config allocator_config::parse(std::string_view text)
           "per_process_memory_fraction, trace_capacity, stats_batch, expandable_segments");
     }
   }
+  c.validate();
   return c;
+}
+
+void allocator_config::validate() const
+{
+  const auto fail = [](std::string_view field, const std::string& value, std::string_view range) {
+    throw invalid_argument("depot: allocator_config: " + std::string{field} + " is " + value + "; expected " +
+                           std::string{range});
+  };
+  if (max_split_size < mib) {
+    fail("max_split_size", std::to_string(max_split_size) + " bytes",
+         "at least 1 MiB (1048576 bytes), or SIZE_MAX for no limit");
+  }
+  if (!divisions_ok(roundup_power2_divisions)) {
+    fail("roundup_power2_divisions", std::to_string(roundup_power2_divisions), "0 or a power of two in [1, 64]");
+  }
+  for (std::size_t i = 0; i < roundup_power2_intervals.size(); ++i) {
+    const roundup_interval& iv = roundup_power2_intervals[i];
+    const std::string field = "roundup_power2_intervals[" + std::to_string(i) + "]";
+    const bool last = i + 1 == roundup_power2_intervals.size();
+    if (!(bound_ok(iv.up_to) || (iv.up_to == unlimited && last))) {
+      fail(field + ".up_to", std::to_string(iv.up_to),
+           "a power of two in [1 MiB, 2^50 bytes], or SIZE_MAX (all larger) in the last interval");
+    }
+    if (i > 0 && iv.up_to <= roundup_power2_intervals[i - 1].up_to) {
+      fail(field + ".up_to", std::to_string(iv.up_to),
+           "more than the interval before's " + std::to_string(roundup_power2_intervals[i - 1].up_to));
+    }
+    if (!divisions_ok(iv.divisions)) {
+      fail(field + ".divisions", std::to_string(iv.divisions), "0 or a power of two in [1, 64]");
+    }
+  }
+  if (!(garbage_collection_threshold >= 0.0 && garbage_collection_threshold < 1.0)) {
+    fail("garbage_collection_threshold", std::to_string(garbage_collection_threshold),
+         "a fraction in (0, 1), or 0 for off");
+  }
+  if (!(per_process_memory_fraction > 0.0 && per_process_memory_fraction <= 1.0)) {
+    fail("per_process_memory_fraction", std::to_string(per_process_memory_fraction), "a fraction in (0, 1]");
+  }
+  if (trace_capacity > (std::size_t{1} << 26)) {
+    fail("trace_capacity", std::to_string(trace_capacity), "a number of events in [0, 2^26]");
+  }
+  if (stats_batch > (std::size_t{1} << 40)) {
+    fail("stats_batch", std::to_string(stats_batch) + " bytes", "a size in [0, 1 TiB]");
+  }
 }
 
 allocator_config allocator_config::from_environment()
@@ -164,8 +271,18 @@ std::string allocator_config::to_string() const
   auto add = [&s](const std::string& item) { s += (s.empty() ? "" : ",") + item; };
   // Sizes in bytes, so that parse(to_string()) gives back exactly these settings.
   if (max_split_size != unlimited) add("max_split_size:" + std::to_string(max_split_size));
-  if (roundup_power2_divisions != 0)
+  if (!roundup_power2_intervals.empty()) {
+    std::string list;
+    for (const roundup_interval& iv : roundup_power2_intervals) {
+      if (!list.empty()) list += ',';
+      list += iv.up_to == unlimited ? std::string{">"} : std::to_string(iv.up_to >> 20);
+      list += ':';
+      list += std::to_string(iv.divisions);
+    }
+    add("roundup_power2_divisions:[" + list + "]");
+  } else if (roundup_power2_divisions != 0) {
     add("roundup_power2_divisions:" + std::to_string(roundup_power2_divisions));
+  }
   if (garbage_collection_threshold != 0.0)
     add("garbage_collection_threshold:" + std::to_string(garbage_collection_threshold));
   if (release_threshold != unlimited)

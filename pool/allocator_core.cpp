@@ -1137,8 +1137,21 @@ static_assert(sizeof(thread_caches) <= 176);
 
 struct allocator_core::impl {
   impl(std::unique_ptr<upstream_resource> u, allocator_config c, bool a)
-      : up{std::move(u)}, cfg{c}, async{a}, dev{up->device()}
+      : up{std::move(u)}, cfg{(c.validate(), c)}, async{a}, dev{up->device()}
   {
+    // Divisions by a request's power-of-two interval (its floor's exponent): one number
+    // for every interval above 1 MiB, or the list's, where an interval up to 2^k covers the
+    // floors 2^lo .. 2^(k-1) (a request of exactly 2^k rounds to itself under any division).
+    if (cfg.roundup_power2_intervals.empty()) {
+      for (unsigned f = 20; f < 64; ++f) divisions[f] = static_cast<std::uint8_t>(cfg.roundup_power2_divisions);
+    } else {
+      unsigned lo = 20;
+      for (const auto& iv : cfg.roundup_power2_intervals) {
+        const unsigned hi = iv.up_to == k_unlimited ? 64U : static_cast<unsigned>(std::countr_zero(iv.up_to));
+        for (; lo < hi; ++lo) divisions[lo] = static_cast<std::uint8_t>(iv.divisions);
+      }
+    }
+    rounds = std::any_of(divisions.begin(), divisions.end(), [](std::uint8_t d) { return d > 1; });
     const std::size_t total = up->memory().total_bytes;
     limit = cfg.per_process_memory_fraction >= 1.0
                 ? k_unlimited
@@ -1171,6 +1184,8 @@ struct allocator_core::impl {
 
   std::unique_ptr<upstream_resource> up;
   allocator_config cfg;
+  std::array<std::uint8_t, 64> divisions{};  // by floor(log2(size)): cfg's roundup divisions
+  bool rounds = false;                        // some division above 1
   bool async;
   device_id dev;
   std::uint64_t id = next_allocator_id.fetch_add(1);
@@ -1239,11 +1254,12 @@ struct allocator_core::impl {
   std::size_t round_size(std::size_t n) const noexcept
   {
     std::size_t size = (n + k_align - 1) / k_align * k_align;
-    const unsigned div = cfg.roundup_power2_divisions;
-    if (div > 1 && size > k_small_request) {
-      const std::size_t floor2 = std::bit_floor(size);
-      const std::size_t step = std::max(floor2 / div, k_align);
-      size = (size + step - 1) / step * step;
+    if (rounds && size > k_small_request) {
+      if (const unsigned div = divisions[std::bit_width(size) - 1]; div > 1) {
+        const std::size_t floor2 = std::bit_floor(size);
+        const std::size_t step = std::max(floor2 / div, k_align);
+        size = (size + step - 1) / step * step;
+      }
     }
     return size;
   }

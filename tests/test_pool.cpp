@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -1618,7 +1619,45 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
   CHECK_FALSE(allocator_config::parse("expandable_segments:true,expandable_segments:0").expandable_segments);
   CHECK(allocator_config::parse(allocator_config::parse("expandable_segments:1").to_string()).expandable_segments);
 
+  // PyTorch's list form: divisions by size interval (a plain bound is MiB), in one item
+  // although it holds commas; the last of the two forms wins.
+  const auto list = allocator_config::parse(
+      "max_split_size_mb:64, roundup_power2_divisions:[256:1, 512:2,1GiB:4,>:8],trace_capacity:7");
+  CHECK(list.max_split_size == 64 * MiB);
+  CHECK(list.trace_capacity == 7);
+  CHECK(list.roundup_power2_divisions == 0);
+  REQUIRE(list.roundup_power2_intervals.size() == 4);
+  const std::pair<std::size_t, unsigned> want[] = {
+      {256 * MiB, 1}, {512 * MiB, 2}, {1024 * MiB, 4}, {std::numeric_limits<std::size_t>::max(), 8}};
+  for (std::size_t i = 0; i < 4; ++i) {
+    CAPTURE(i);
+    CHECK(list.roundup_power2_intervals[i].up_to == want[i].first);
+    CHECK(list.roundup_power2_intervals[i].divisions == want[i].second);
+  }
+  CHECK(list.to_string() == "max_split_size:67108864,roundup_power2_divisions:[256:1,512:2,1024:4,>:8],trace_capacity:7");
+  const auto list_round = allocator_config::parse(list.to_string());
+  CHECK(list_round.roundup_power2_intervals.size() == 4);
+  CHECK(list_round.to_string() == list.to_string());
+  const auto no_rest = allocator_config::parse("roundup_power2_divisions:[2:4]");
+  REQUIRE(no_rest.roundup_power2_intervals.size() == 1);
+  CHECK(no_rest.roundup_power2_intervals[0].up_to == 2 * MiB);
+  CHECK(allocator_config::parse("roundup_power2_divisions:[4:2],roundup_power2_divisions:8").roundup_power2_intervals.empty());
+  CHECK(allocator_config::parse("roundup_power2_divisions:8,roundup_power2_divisions:[4:2]").roundup_power2_divisions == 0);
+
   const std::pair<const char*, const char*> bad[] = {
+      {"roundup_power2_divisions:[]", "is bound:N"},
+      {"roundup_power2_divisions:[256:1", "brackets"},
+      {"roundup_power2_divisions:[256:1,trace_capacity:5", "brackets"},
+      {"roundup_power2_divisions:[300:2]", "in '300:2' the bound is a power of two"},
+      {"roundup_power2_divisions:[512KiB:2]", "[1MiB, 2^50 bytes]"},
+      {"roundup_power2_divisions:[2147483648:2]", "in '2147483648:2' the bound"},  // MiB: 2^51 bytes
+      {"roundup_power2_divisions:[512:2,256:4]", "the bounds must increase"},
+      {"roundup_power2_divisions:[256:2,256:4]", "the bounds must increase"},
+      {"roundup_power2_divisions:[>:2,256:4]", "'>' (all larger) must be the last"},
+      {"roundup_power2_divisions:[256:3]", "N is 0 or a power of two"},
+      {"roundup_power2_divisions:[256:128]", "N is 0 or a power of two"},
+      {"roundup_power2_divisions:[256]", "is bound:N"},
+      {"roundup_power2_divisions:[256:x]", "roundup_power2_divisions"},
       {"max_split_size_mb:0", "max_split_size_mb"},
       {"max_split_size_mb:-5", "max_split_size_mb"},
       {"max_split_size_mb:12abc", "12abc"},
@@ -1683,6 +1722,97 @@ TEST_CASE_TEMPLATE("pool: max_split_size and roundup settings shape the blocks",
   }
   CHECK(found);
   a.deallocate(q);
+  check_invariants(a);
+}
+
+TEST_CASE_TEMPLATE("pool: roundup_power2_divisions by size interval (PyTorch's list form)", D, DEPOT_TEST_DEVICES)
+{
+  // The size a request is handed out with, read back from the snapshot.
+  const auto block_size = [](depot::caching_allocator<D>& a, std::size_t bytes) {
+    void* p = a.allocate(bytes);
+    std::size_t size = 0;
+    for (const auto& s : a.snapshot().segments) {
+      for (const auto& b : s.blocks) {
+        if (b.address == reinterpret_cast<std::uintptr_t>(p)) size = b.size;
+      }
+    }
+    a.deallocate(p);
+    return size;
+  };
+  {
+    // Up to 4 MiB: quarters of the interval; up to 16 MiB: 512-byte rounding only; above: halves.
+    depot::caching_allocator<D> a{0, depot::allocator_config::parse("roundup_power2_divisions:[4:4,16:1,>:2]")};
+    CHECK(block_size(a, MiB + MiB / 10) == MiB + MiB / 4);  // (1, 2] MiB: steps of 256 KiB
+    CHECK(block_size(a, 3 * MiB + MiB / 10) == 3 * MiB + MiB / 2);  // (2, 4] MiB: steps of 512 KiB
+    CHECK(block_size(a, 4 * MiB) == 4 * MiB);  // a power of two rounds to itself
+    CHECK(block_size(a, 5 * MiB + 1) == 5 * MiB + 512);  // (4, 16] MiB: not rounded
+    CHECK(block_size(a, 15 * MiB + 1) == 15 * MiB + 512);
+    CHECK(block_size(a, 20 * MiB + 1) == 24 * MiB);  // above: halves of (16, 32] MiB
+    CHECK(block_size(a, 40 * MiB + 1) == 48 * MiB);  // halves of (32, 64] MiB
+    CHECK(block_size(a, 512 * 1024 + 1) == 512 * 1024 + 512);  // the small pool is never rounded
+    check_invariants(a);
+  }
+  {
+    // No ">": requests above the last bound are not rounded; the one number rounds them all.
+    depot::caching_allocator<D> a{0, depot::allocator_config::parse("roundup_power2_divisions:[4:4]")};
+    CHECK(block_size(a, 3 * MiB + MiB / 10) == 3 * MiB + MiB / 2);
+    CHECK(block_size(a, 20 * MiB + 1) == 20 * MiB + 512);
+    depot::caching_allocator<D> b{0, depot::allocator_config::parse("roundup_power2_divisions:2")};
+    CHECK(block_size(b, 3 * MiB + MiB / 10) == 4 * MiB);
+    CHECK(block_size(b, 20 * MiB + 1) == 24 * MiB);
+  }
+}
+
+TEST_CASE_TEMPLATE("pool: a config built in code is checked like a parsed one", D, DEPOT_TEST_DEVICES)
+{
+  using cfg_t = depot::allocator_config;
+  constexpr std::size_t all = std::numeric_limits<std::size_t>::max();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::pair<std::function<void(cfg_t&)>, const char*> bad[] = {
+      {[](cfg_t& c) { c.max_split_size = MiB - 1; }, "max_split_size is 1048575 bytes; expected at least 1 MiB"},
+      {[](cfg_t& c) { c.roundup_power2_divisions = 3; }, "roundup_power2_divisions is 3; expected 0 or a power of two"},
+      {[](cfg_t& c) { c.roundup_power2_divisions = 128; }, "roundup_power2_divisions is 128"},
+      {[](cfg_t& c) { c.roundup_power2_intervals = {{3 * MiB, 2}}; }, "roundup_power2_intervals[0].up_to is 3145728"},
+      {[](cfg_t& c) { c.roundup_power2_intervals = {{MiB / 2, 2}}; }, "roundup_power2_intervals[0].up_to is 524288"},
+      {[](cfg_t& c) { c.roundup_power2_intervals = {{8 * MiB, 2}, {4 * MiB, 2}}; },
+       "roundup_power2_intervals[1].up_to is 4194304; expected more than the interval before's 8388608"},
+      {[](cfg_t& c) { c.roundup_power2_intervals = {{all, 2}, {4 * MiB, 2}}; }, "roundup_power2_intervals[0].up_to is"},
+      {[](cfg_t& c) { c.roundup_power2_intervals = {{4 * MiB, 2}, {all, 6}}; }, "roundup_power2_intervals[1].divisions is 6"},
+      {[](cfg_t& c) { c.garbage_collection_threshold = 1.0; }, "garbage_collection_threshold is 1.000000"},
+      {[](cfg_t& c) { c.garbage_collection_threshold = -0.5; }, "garbage_collection_threshold is -0.500000"},
+      {[nan](cfg_t& c) { c.garbage_collection_threshold = nan; }, "garbage_collection_threshold is"},
+      {[](cfg_t& c) { c.per_process_memory_fraction = 0.0; }, "per_process_memory_fraction is 0.000000"},
+      {[](cfg_t& c) { c.per_process_memory_fraction = 1.5; }, "per_process_memory_fraction is 1.500000"},
+      {[nan](cfg_t& c) { c.per_process_memory_fraction = nan; }, "per_process_memory_fraction is"},
+      {[](cfg_t& c) { c.trace_capacity = (std::size_t{1} << 26) + 1; }, "trace_capacity is 67108865"},
+      {[](cfg_t& c) { c.stats_batch = (std::size_t{1} << 40) + 1; }, "stats_batch is 1099511627777 bytes"},
+  };
+  for (const auto& [spoil, expect] : bad) {
+    CAPTURE(expect);
+    cfg_t c;
+    spoil(c);
+    try {
+      depot::caching_allocator<D> a{0, c};
+      FAIL("accepted");
+    } catch (const depot::invalid_argument& e) {
+      CHECK(contains(e.what(), expect));
+      CHECK(contains(e.what(), "allocator_config"));
+    }
+    CHECK_THROWS_AS(c.validate(), depot::invalid_argument);
+  }
+  // The edges of every range are accepted, and allocate as usual.
+  cfg_t edge;
+  edge.max_split_size = MiB;
+  edge.roundup_power2_divisions = 64;
+  edge.garbage_collection_threshold = 0.0;
+  edge.per_process_memory_fraction = 1.0;
+  edge.trace_capacity = std::size_t{1} << 26;
+  edge.stats_batch = std::size_t{1} << 40;
+  edge.validate();
+  edge.trace_capacity = 16;
+  edge.roundup_power2_intervals = {{MiB, 1}, {std::size_t{1} << 50, 64}, {all, 0}};
+  depot::caching_allocator<D> a{0, edge};
+  a.deallocate(a.allocate(3 * MiB));
   check_invariants(a);
 }
 

@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace depot {
 
@@ -18,9 +19,21 @@ struct allocator_config {
   // Key max_split_size (bytes, KiB/MiB/GiB suffixes, >= 1MiB) or max_split_size_mb (MiB).
   // Default: no limit.
   std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
-  // Round requests of at least 1 MiB up to one of N divisions of their power-of-two
-  // interval (0: off, else a power of two in [1, 64]). Key roundup_power2_divisions.
+  // Round requests above 1 MiB up to one of N divisions of their power-of-two interval
+  // (0: off, else a power of two in [1, 64]), for every size unless
+  // roundup_power2_intervals is given. Key roundup_power2_divisions:N.
   unsigned roundup_power2_divisions = 0;
+  // Divisions by request size, in place of the one number above when not empty (PyTorch's
+  // list form): each interval rounds the requests above the previous one's `up_to` (the
+  // first: above 1 MiB) up to its own, the last may reach SIZE_MAX ("all larger"), and
+  // requests above the last `up_to` are not rounded. Key roundup_power2_divisions:[256:1,
+  // 512:2,1024:4,>:8] (bounds in MiB or with a unit, powers of two in [1MiB, 2^50 bytes],
+  // increasing; ">" last): 1 division up to 256 MiB, 2 up to 512 MiB, 4 up to 1 GiB, 8 above.
+  struct roundup_interval {
+    std::size_t up_to = 0;  // a power of two in [1 MiB, 2^50], or SIZE_MAX (only last)
+    unsigned divisions = 0;  // 0 or 1: not rounded, else a power of two in [2, 64]
+  };
+  std::vector<roundup_interval> roundup_power2_intervals;
   // When reserved memory exceeds this fraction of the allowed total, free cached segments
   // are released before growing (0: off, else (0, 1)). Key garbage_collection_threshold.
   double garbage_collection_threshold = 0.0;
@@ -54,8 +67,13 @@ struct allocator_config {
   // ordinary segments and summary() says so. Key expandable_segments (true / false).
   bool expandable_segments = false;
 
-  // Parses "key:value,..." on top of the defaults. Throws depot::invalid_argument.
+  // Parses "key:value,..." on top of the defaults (a key given twice: the last wins; both
+  // forms of roundup_power2_divisions are one key). Throws depot::invalid_argument.
   [[nodiscard]] static allocator_config parse(std::string_view text);
+  // Throws depot::invalid_argument naming the first field outside its range (as above); the
+  // allocators check their settings with it, so a config built in code is held to the same
+  // ranges as a parsed one.
+  void validate() const;
   // parse(getenv("DEPOT_ALLOC_CONF")), or the defaults when it is unset or empty.
   [[nodiscard]] static allocator_config from_environment();
 
