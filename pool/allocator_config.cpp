@@ -159,6 +159,14 @@ allocator_config allocator_config::parse(std::string_view text)
       const auto v = parse_bytes(key, value, range);
       if (v < mib) bad(key, value, range);
       c.max_split_size = v;
+    } else if (key == "max_non_split_rounding") {
+      c.max_non_split_rounding = parse_bytes(key, value, "a size in [0, 1TiB], e.g. 64MiB");
+      if (c.max_non_split_rounding > (std::size_t{1} << 40)) bad(key, value, "a size in [0, 1TiB], e.g. 64MiB");
+    } else if (key == "max_non_split_rounding_mb") {
+      constexpr std::string_view range = "an integer number of MiB in [0, 2^20]";
+      const auto v = parse_unsigned(key, value, range);
+      if (v > (1ULL << 20)) bad(key, value, range);
+      c.max_non_split_rounding = static_cast<std::size_t>(v) * mib;
     } else if (key == "release_threshold") {
       c.release_threshold = parse_bytes(key, value, "a size in [0, 2^50 bytes], e.g. 1GiB");
     } else if (key == "roundup_power2_divisions" && !value.empty() && value.front() == '[') {
@@ -206,7 +214,8 @@ allocator_config allocator_config::parse(std::string_view text)
     } else {
       throw invalid_argument(
           "depot: DEPOT_ALLOC_CONF: unknown key '" + std::string{key} +
-          "'; known keys: max_split_size (or max_split_size_mb), roundup_power2_divisions, "
+          "'; known keys: max_split_size (or max_split_size_mb), max_non_split_rounding (or "
+          "max_non_split_rounding_mb), roundup_power2_divisions, "
           "garbage_collection_threshold, release_threshold (or release_threshold_mb), "
           "per_process_memory_fraction, trace_capacity, stats_batch, expandable_segments");
     }
@@ -224,6 +233,9 @@ void allocator_config::validate() const
   if (max_split_size < mib) {
     fail("max_split_size", std::to_string(max_split_size) + " bytes",
          "at least 1 MiB (1048576 bytes), or SIZE_MAX for no limit");
+  }
+  if (max_non_split_rounding > (std::size_t{1} << 40)) {
+    fail("max_non_split_rounding", std::to_string(max_non_split_rounding) + " bytes", "a size in [0, 1 TiB]");
   }
   if (!divisions_ok(roundup_power2_divisions)) {
     fail("roundup_power2_divisions", std::to_string(roundup_power2_divisions), "0 or a power of two in [1, 64]");
@@ -271,6 +283,8 @@ std::string allocator_config::to_string() const
   auto add = [&s](const std::string& item) { s += (s.empty() ? "" : ",") + item; };
   // Sizes in bytes, so that parse(to_string()) gives back exactly these settings.
   if (max_split_size != unlimited) add("max_split_size:" + std::to_string(max_split_size));
+  if (max_non_split_rounding != allocator_config{}.max_non_split_rounding)
+    add("max_non_split_rounding:" + std::to_string(max_non_split_rounding));
   if (!roundup_power2_intervals.empty()) {
     std::string list;
     for (const roundup_interval& iv : roundup_power2_intervals) {

@@ -72,7 +72,6 @@ constexpr std::size_t k_mid_request = std::size_t{10} << 20;    // large < 10 Mi
 constexpr std::size_t k_large_segment = std::size_t{20} << 20;  // ... 20 MiB segments
 constexpr std::size_t k_large_round = std::size_t{2} << 20;
 constexpr std::size_t k_max_request = std::size_t{1} << 56;     // refused above: no wrap
-constexpr std::size_t k_oversize_slack = std::size_t{20} << 20;
 constexpr std::size_t k_block_chunk = 64;  // block records made at once
 constexpr auto k_unlimited = std::numeric_limits<std::size_t>::max();
 
@@ -1372,7 +1371,7 @@ struct allocator_core::impl {
   {
     const std::size_t m = cfg.max_split_size;
     if (m == k_unlimited || b->seg->reserved != 0) return false;  // (expandable: always split)
-    return (size < m && b->size >= m) || (size >= m && b->size >= size + k_oversize_slack);
+    return (size < m && b->size >= m) || (size >= m && b->size - size > cfg.max_non_split_rounding);
   }
 
   // Cuts `b` (not indexed) to `size` when the rest is worth keeping as a free block.

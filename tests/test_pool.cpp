@@ -1638,6 +1638,12 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
   const auto list_round = allocator_config::parse(list.to_string());
   CHECK(list_round.roundup_power2_intervals.size() == 4);
   CHECK(list_round.to_string() == list.to_string());
+  CHECK(c.max_non_split_rounding == 20 * MiB);  // the default
+  CHECK(allocator_config::parse("max_non_split_rounding_mb:64").max_non_split_rounding == 64 * MiB);
+  CHECK(allocator_config::parse("max_non_split_rounding:0").max_non_split_rounding == 0);
+  CHECK(allocator_config::parse("max_non_split_rounding:1TiB").max_non_split_rounding == std::size_t{1} << 40);
+  CHECK(allocator_config::parse(allocator_config::parse("max_non_split_rounding:3KiB").to_string())
+            .max_non_split_rounding == 3072);
   const auto no_rest = allocator_config::parse("roundup_power2_divisions:[2:4]");
   REQUIRE(no_rest.roundup_power2_intervals.size() == 1);
   CHECK(no_rest.roundup_power2_intervals[0].up_to == 2 * MiB);
@@ -1658,6 +1664,10 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
       {"roundup_power2_divisions:[256:128]", "N is 0 or a power of two"},
       {"roundup_power2_divisions:[256]", "is bound:N"},
       {"roundup_power2_divisions:[256:x]", "roundup_power2_divisions"},
+      {"max_non_split_rounding:2TiB", "[0, 1TiB]"},
+      {"max_non_split_rounding:20MB", "max_non_split_rounding"},
+      {"max_non_split_rounding_mb:1048577", "[0, 2^20]"},
+      {"max_non_split_rounding_mb:-1", "max_non_split_rounding_mb"},
       {"max_split_size_mb:0", "max_split_size_mb"},
       {"max_split_size_mb:-5", "max_split_size_mb"},
       {"max_split_size_mb:12abc", "12abc"},
@@ -1763,6 +1773,34 @@ TEST_CASE_TEMPLATE("pool: roundup_power2_divisions by size interval (PyTorch's l
   }
 }
 
+TEST_CASE_TEMPLATE("pool: max_non_split_rounding bounds how much larger a reused unsplittable block may be", D,
+                   DEPOT_TEST_DEVICES)
+{
+  // A cached 100 MiB block (max_split_size 64 MiB: never split) is reused for a request of at
+  // least 64 MiB only if it is at most max_non_split_rounding larger; else a new segment.
+  const auto reused = [](std::size_t rounding, std::size_t request) {
+    depot::allocator_config cfg;
+    cfg.max_split_size = 64 * MiB;
+    cfg.max_non_split_rounding = rounding;
+    depot::caching_allocator<D> a{0, cfg};
+    void* big = a.allocate(100 * MiB);
+    a.deallocate(big);
+    void* p = a.allocate(request);
+    const bool same = p == big;
+    CHECK(a.stats().reserved_bytes.all.current == static_cast<std::int64_t>(same ? 100 * MiB : 100 * MiB + request));
+    a.deallocate(p);
+    check_invariants(a);
+    return same;
+  };
+  CHECK(reused(20 * MiB, 90 * MiB));  // the default: 10 MiB larger
+  CHECK(reused(20 * MiB, 80 * MiB));  // exactly 20 MiB larger
+  CHECK_FALSE(reused(20 * MiB, 70 * MiB));
+  CHECK(reused(40 * MiB, 70 * MiB));
+  CHECK(reused(0, 100 * MiB));  // 0: exact fits only
+  CHECK_FALSE(reused(0, 98 * MiB));
+  CHECK_FALSE(reused(1024 * MiB, 60 * MiB));  // under max_split_size: never from a block above it
+}
+
 TEST_CASE_TEMPLATE("pool: a config built in code is checked like a parsed one", D, DEPOT_TEST_DEVICES)
 {
   using cfg_t = depot::allocator_config;
@@ -1785,6 +1823,7 @@ TEST_CASE_TEMPLATE("pool: a config built in code is checked like a parsed one", 
       {[](cfg_t& c) { c.per_process_memory_fraction = 1.5; }, "per_process_memory_fraction is 1.500000"},
       {[nan](cfg_t& c) { c.per_process_memory_fraction = nan; }, "per_process_memory_fraction is"},
       {[](cfg_t& c) { c.trace_capacity = (std::size_t{1} << 26) + 1; }, "trace_capacity is 67108865"},
+      {[](cfg_t& c) { c.max_non_split_rounding = (std::size_t{1} << 40) + 1; }, "max_non_split_rounding is 1099511627777 bytes"},
       {[](cfg_t& c) { c.stats_batch = (std::size_t{1} << 40) + 1; }, "stats_batch is 1099511627777 bytes"},
   };
   for (const auto& [spoil, expect] : bad) {

@@ -19,6 +19,11 @@ struct allocator_config {
   // Key max_split_size (bytes, KiB/MiB/GiB suffixes, >= 1MiB) or max_split_size_mb (MiB).
   // Default: no limit.
   std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
+  // With max_split_size set, a request of at least max_split_size takes a cached block
+  // (which is never split) only if that block is at most this much larger; the rest of the
+  // block is lost to the request while it lives. Key max_non_split_rounding (bytes, with
+  // suffixes, at most 1TiB) or max_non_split_rounding_mb (MiB). Default 20 MiB.
+  std::size_t max_non_split_rounding = std::size_t{20} << 20;
   // Round requests above 1 MiB up to one of N divisions of their power-of-two interval
   // (0: off, else a power of two in [1, 64]), for every size unless
   // roundup_power2_intervals is given. Key roundup_power2_divisions:N.
