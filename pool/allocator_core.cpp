@@ -118,6 +118,34 @@ struct alignas(64) block {
 };
 static_assert(offsetof(block, seg) == 64, "a free's fields fill the first cache line");
 
+// A block record of state block_state::unmapped stands for whole pages unmapped inside an
+// expandable segment (a hole): never indexed, never merged with free blocks, never the
+// segment's last block; the cache lists its holes through fprev/fnext.
+constexpr auto k_unmapped = block_state::unmapped;
+
+// Push-front and unlink of an intrusive doubly linked list through members Prev and Next.
+template <class T, T* T::*Prev, T* T::*Next>
+struct intrusive_list {
+  static void push_front(T*& head, T* n) noexcept
+  {
+    n->*Prev = nullptr;
+    n->*Next = head;
+    if (head != nullptr) head->*Prev = n;
+    head = n;
+  }
+  static void unlink(T*& head, T* n) noexcept
+  {
+    if (n->*Prev != nullptr) {
+      n->*Prev->*Next = n->*Next;
+    } else {
+      head = n->*Next;
+    }
+    if (n->*Next != nullptr) n->*Next->*Prev = n->*Prev;
+    n->*Prev = n->*Next = nullptr;
+  }
+};
+using hole_list = intrusive_list<block, &block::fprev, &block::fnext>;  // a cache's holes
+
 struct segment {  // of the large pool, or of the small pool's linked part
   std::uintptr_t addr = 0;
   std::size_t size = 0;  // bytes mapped (of an expandable segment: from addr on)
@@ -131,9 +159,11 @@ struct segment {  // of the large pool, or of the small pool's linked part
   // (maps[i]: the handle of page i). 0 for an ordinary segment.
   std::size_t reserved = 0;
   std::vector<std::uint64_t> maps;
+  std::size_t unmapped = 0;  // bytes of holes (k_unmapped blocks) below addr + size
   segment* lprev = nullptr;  // in the cache's segment list
   segment* lnext = nullptr;
 };
+using segment_list = intrusive_list<segment, &segment::lprev, &segment::lnext>;
 
 // Two-level segregated fit over free blocks of one pool of one stream cache.
 class free_index {
@@ -975,6 +1005,7 @@ struct stream_cache {
   small_free_index small;                    // free blocks of dense small segments
   segment* segments = nullptr;               // linked segments
   segment* growing = nullptr;                // its expandable segment, which grows (one of `segments`)
+  block* holes = nullptr;                    // k_unmapped blocks of its segments, through fprev/fnext
   std::vector<std::pair<std::uintptr_t, small_segment*>> small_dir;  // small segments by address
   std::vector<std::pair<native_event, block_ref>> pending;
   block* spare = nullptr;  // recycled block records, linked through `next`
@@ -1381,9 +1412,18 @@ struct allocator_core::impl {
     const bool worth = b->small ? rest >= k_align
                                 : rest > k_small_request && (b->size < cfg.max_split_size || b->seg->reserved != 0);
     if (!worth) return;
+    block* r = link_after(c, b, b->addr + size, rest);
+    b->size = size;
+    index(c, r);
+  }
+
+  // A new block record for [addr, addr + size) of b's segment and pool, linked right after
+  // b (the segment's last if b was); not indexed. May throw std::bad_alloc (new_block).
+  [[gnu::always_inline]] static block* link_after(stream_cache& c, block* b, std::uintptr_t addr, std::size_t size)
+  {
     block* r = new_block(c);
-    r->addr = b->addr + size;
-    r->size = rest;
+    r->addr = addr;
+    r->size = size;
     r->seg = b->seg;
     r->small = b->small;
     r->prev = b;
@@ -1394,8 +1434,7 @@ struct allocator_core::impl {
       r->seg->last = r;
     }
     b->next = r;
-    b->size = size;
-    index(c, r);
+    return r;
   }
 
   // Hands out `b` (not indexed) for a request of `bytes` (caller holds c.mu).
@@ -1431,6 +1470,20 @@ struct allocator_core::impl {
     return cached > 0 && static_cast<std::size_t>(cached) > cfg.release_threshold;
   }
 
+  // b takes in the block after it (not indexed), whose record is recycled.
+  [[gnu::always_inline]] static void absorb_next(stream_cache& c, block* b) noexcept
+  {
+    block* n = b->next;
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next != nullptr) {
+      n->next->prev = b;
+    } else {
+      b->seg->last = b;
+    }
+    c.recycle(n);
+  }
+
   // Back to the cache: merge with free neighbours, index (caller holds c.mu).
   [[gnu::always_inline]] void release_block(stream_cache& c, block* b)
   {
@@ -1442,33 +1495,23 @@ struct allocator_core::impl {
     }
     if (block* p = b->prev; p != nullptr && p->state == block_state::free) {
       unindex(c, p);
-      p->size += b->size;
-      p->next = b->next;
-      if (b->next != nullptr) {
-        b->next->prev = p;
-      } else {
-        p->seg->last = p;
-      }
-      c.recycle(b);
+      absorb_next(c, p);
       b = p;
     }
     if (block* n = b->next; n != nullptr && n->state == block_state::free) {
       unindex(c, n);
-      b->size += n->size;
-      b->next = n->next;
-      if (n->next != nullptr) {
-        n->next->prev = b;
-      } else {
-        b->seg->last = b;
-      }
-      c.recycle(n);
+      absorb_next(c, b);
     }
     index(c, b);
     if (over_release_threshold(c)) [[unlikely]] {
       if (releasable(*b->seg)) {
         release_segment(c, b->seg);
-      } else if (b->next == nullptr && b->seg->reserved != 0) {
-        trim(c, b->seg);
+      } else if (b->seg->reserved != 0) {
+        if (b->next == nullptr) {
+          trim_end(c, b->seg);
+        } else {
+          unmap_inside(c, b->seg, b);
+        }
       }
     }
   }
@@ -1476,47 +1519,67 @@ struct allocator_core::impl {
   void link_segment(stream_cache& c, segment* s) noexcept
   {
     s->cache = &c;
-    s->lprev = nullptr;
-    s->lnext = c.segments;
-    if (c.segments != nullptr) c.segments->lprev = s;
-    c.segments = s;
+    segment_list::push_front(c.segments, s);
   }
+  static void unlink_segment(stream_cache& c, segment* s) noexcept { segment_list::unlink(c.segments, s); }
 
-  void unlink_segment(stream_cache& c, segment* s) noexcept
-  {
-    if (s->lprev != nullptr) {
-      s->lprev->lnext = s->lnext;
-    } else {
-      c.segments = s->lnext;
-    }
-    if (s->lnext != nullptr) s->lnext->lprev = s->lprev;
-    s->lprev = s->lnext = nullptr;
-  }
-
-  // Returns a whole free segment to the upstream (caller holds c.mu).
+  // Returns a whole free segment to the upstream (caller holds c.mu); an expandable one
+  // also when its one block is a hole (nothing mapped).
   void release_segment(stream_cache& c, segment* s) noexcept
   {
     block* b = s->head;
-    unindex(c, b);
+    if (b->state == k_unmapped) {
+      hole_unlink(c, b);
+    } else {
+      unindex(c, b);
+    }
     unlink_segment(c, s);
-    c.delta.change_segments(s->small, s->size, -1);
-    record(event_of(trace_kind::segment_free, s->addr, s->size, 0, c.stream));
+    const std::size_t mapped = s->size - s->unmapped;
+    c.delta.change_segments(s->small, mapped, -1);
+    record(event_of(trace_kind::segment_free, s->addr, mapped, 0, c.stream));
     give_back(*s);
     if (c.growing == s) c.growing = nullptr;
     c.recycle(b);
     delete s;
   }
 
-  // A segment's memory back to the upstream: unmapped page by page and its addresses given
-  // back when expandable.
+  // A segment's memory back to the upstream: unmapped page by page (but for its holes) and
+  // its addresses given back when expandable.
   void give_back(const segment& s) noexcept
   {
     if (s.reserved == 0) {
       up->deallocate(reinterpret_cast<void*>(s.addr), s.size);
       return;
     }
-    unmap_pages(s, 0, s.size / vm_page);
+    std::uintptr_t run = s.addr;  // the mapped runs between holes
+    if (s.unmapped != 0) {
+      for (const block* b = s.head; b != nullptr; b = b->next) {
+        if (b->state != k_unmapped) continue;
+        unmap_pages(s, (run - s.addr) / vm_page, (b->addr - s.addr) / vm_page);
+        run = b->addr + b->size;
+      }
+    }
+    unmap_pages(s, (run - s.addr) / vm_page, s.size / vm_page);
     up->vm_release(reinterpret_cast<void*>(s.addr), s.reserved);
+  }
+  // Maps pages [first, first + count) of expandable segment s (its maps sized for them):
+  // true; out of memory, the pages it mapped are unmapped again and it is false; any other
+  // error unmaps them too and propagates.
+  bool map_pages(segment& s, std::size_t first, std::size_t count)
+  {
+    std::size_t done = 0;
+    try {
+      for (; done < count; ++done) {
+        s.maps[first + done] = up->vm_map(reinterpret_cast<void*>(s.addr + (first + done) * vm_page), vm_page);
+      }
+      return true;
+    } catch (const out_of_memory&) {
+      unmap_pages(s, first, first + done);
+      return false;
+    } catch (...) {
+      unmap_pages(s, first, first + done);
+      throw;
+    }
   }
   void unmap_pages(const segment& s, std::size_t from, std::size_t to) noexcept
   {
@@ -1525,35 +1588,179 @@ struct allocator_core::impl {
     }
   }
 
-  // Unmaps the whole free pages at the end of expandable segment s (caller holds c.mu): its
-  // last block, when free, shrinks to its start rounded up to a page, or goes; a segment
-  // wholly free goes back whole.
+  static void hole_link(stream_cache& c, block* h) noexcept { hole_list::push_front(c.holes, h); }
+  static void hole_unlink(stream_cache& c, block* h) noexcept { hole_list::unlink(c.holes, h); }
+  // At least n spare block records, made now if need be; false when the heap has none.
+  static bool spare_records(stream_cache& c, int n) noexcept
+  {
+    for (const block* b = c.spare; b != nullptr && n > 0; b = b->next) --n;
+    if (n <= 0) return true;
+    try {
+      c.add_block_chunk();
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
+  // Unmaps the whole free pages of expandable segment s (caller holds c.mu): inside its
+  // free blocks, which leaves holes, and at its end, where the range shrinks; a segment
+  // with nothing left mapped goes back whole.
   void trim(stream_cache& c, segment* s) noexcept
   {
-    block* t = s->last;
-    if (t->state != block_state::free || s->exported) return;
-    if (t == s->head) {
-      release_segment(c, s);
-      return;
+    if (s->exported) return;
+    for (block* b = s->head; b != s->last;) {
+      b = b->state == block_state::free ? unmap_inside(c, s, b) : b->next;
     }
-    const std::uintptr_t end = s->addr + s->size;
-    const std::uintptr_t cut = (t->addr - s->addr + vm_page - 1) / vm_page * vm_page + s->addr;
-    if (cut >= end) return;
-    const std::size_t bytes = end - cut;
-    unindex(c, t);
-    if (cut == t->addr) {
-      t->prev->next = nullptr;
-      s->last = t->prev;
-      c.recycle(t);
+    trim_end(c, s);
+  }
+
+  // Unmaps the whole pages inside free block b of expandable segment s, b not its last
+  // (caller holds c.mu): b keeps the part below them, a new free block the part above, and
+  // the pages become a hole, merged with holes beside it. Returns the block after all of
+  // them. Leaves b as it is when it holds no whole page, or no block record can be made.
+  [[gnu::noinline]] block* unmap_inside(stream_cache& c, segment* s, block* b) noexcept
+  {
+    block* after = b->next;
+    const std::uintptr_t end = b->addr + b->size;
+    const std::uintptr_t lo = s->addr + (b->addr - s->addr + vm_page - 1) / vm_page * vm_page;
+    const std::uintptr_t hi = s->addr + (end - s->addr) / vm_page * vm_page;
+    if (hi <= lo || !spare_records(c, 2)) return after;
+    unindex(c, b);
+    if (hi < end) index(c, link_after(c, b, hi, end - hi));  // the free part above
+    block* h = b;
+    if (lo > b->addr) {  // the free part below stays b
+      h = link_after(c, b, lo, 0);
+      b->size = lo - b->addr;
+      index(c, b);
+    }
+    h->size = hi - lo;
+    h->state = k_unmapped;
+    if (block* p = h->prev; p != nullptr && p->state == k_unmapped) {
+      absorb_next(c, p);
+      h = p;
     } else {
-      t->size -= bytes;
-      index(c, t);
+      hole_link(c, h);
     }
-    unmap_pages(*s, (cut - s->addr) / vm_page, s->size / vm_page);
-    s->size -= bytes;
-    s->maps.resize(s->size / vm_page);
-    c.delta.change_mapped(false, bytes, -1);
-    record(event_of(trace_kind::segment_unmap, cut, bytes, 0, c.stream));
+    if (block* n = h->next; n->state == k_unmapped) {  // (a hole is never the last block)
+      if (after == n) after = n->next;
+      hole_unlink(c, n);
+      absorb_next(c, h);
+    }
+    const std::size_t first = (lo - s->addr) / vm_page, count = (hi - lo) / vm_page;
+    unmap_pages(*s, first, first + count);
+    std::fill_n(s->maps.begin() + static_cast<std::ptrdiff_t>(first), count, std::uint64_t{0});
+    s->unmapped += hi - lo;
+    c.delta.change_mapped(false, hi - lo, -1);
+    record(event_of(trace_kind::segment_unmap, lo, hi - lo, 0, c.stream));
+    return after;
+  }
+
+  // Unmaps the whole free pages at the end of expandable segment s (caller holds c.mu): its
+  // last block, when free, shrinks to its start rounded up to a page, or goes, and a hole
+  // it uncovers goes too (the range ends below it); a segment wholly free or wholly
+  // unmapped goes back whole.
+  [[gnu::noinline]] void trim_end(stream_cache& c, segment* s) noexcept
+  {
+    while (true) {
+      block* t = s->last;
+      if (t->state == k_unmapped) {
+        if (t == s->head) {
+          release_segment(c, s);
+          return;
+        }
+        hole_unlink(c, t);
+        s->unmapped -= t->size;
+        s->size -= t->size;
+        s->maps.resize(s->size / vm_page);
+        t->prev->next = nullptr;
+        s->last = t->prev;
+        c.recycle(t);
+        continue;
+      }
+      if (t->state != block_state::free || s->exported) return;
+      if (t == s->head) {
+        release_segment(c, s);
+        return;
+      }
+      const std::uintptr_t end = s->addr + s->size;
+      const std::uintptr_t cut = (t->addr - s->addr + vm_page - 1) / vm_page * vm_page + s->addr;
+      if (cut >= end) return;
+      const std::size_t bytes = end - cut;
+      unindex(c, t);
+      const bool gone = cut == t->addr;
+      if (gone) {
+        t->prev->next = nullptr;
+        s->last = t->prev;
+        c.recycle(t);
+      } else {
+        t->size -= bytes;
+        index(c, t);
+      }
+      unmap_pages(*s, (cut - s->addr) / vm_page, s->size / vm_page);
+      s->size -= bytes;
+      s->maps.resize(s->size / vm_page);
+      c.delta.change_mapped(false, bytes, -1);
+      record(event_of(trace_kind::segment_unmap, cut, bytes, 0, c.stream));
+      if (!gone) return;
+    }
+  }
+
+  // A miss of the large pool with expandable segments (caller holds c.mu): maps pages of a
+  // hole back where they make, with the free blocks beside the hole, room for `size`, and
+  // hands that out. Nothing when no hole can (or the limit forbids it, or the upstream is
+  // out of memory: undone, the caller goes on to grow and retry). Needs one spare record.
+  block_ref fill_hole(stream_cache& c, std::size_t size, std::size_t bytes)
+  {
+    for (block* h = c.holes; h != nullptr; h = h->fnext) {
+      segment* s = h->seg;
+      block* p = h->prev;
+      block* n = h->next;
+      const std::size_t below = p != nullptr && p->state == block_state::free ? p->size : 0;
+      const std::size_t above = n->state == block_state::free ? n->size : 0;
+      if (below >= size || below + h->size + above < size) continue;
+      const std::size_t pages = h->size / vm_page;
+      const std::size_t count = std::min(pages, (size - below + vm_page - 1) / vm_page);
+      const std::size_t need = count * vm_page;
+      if (limit != k_unlimited && static_cast<std::size_t>(figures.total(q_reserved)) + need > limit) return {};
+      if (!map_pages(*s, (h->addr - s->addr) / vm_page, count)) return {};
+      block* m = h;
+      if (count < pages) {
+        m = new_block(c);  // (the caller made one spare)
+        m->addr = h->addr;
+        m->size = need;
+        m->seg = s;
+        m->prev = p;
+        m->next = h;
+        if (p != nullptr) {
+          p->next = m;
+        } else {
+          s->head = m;
+        }
+        h->prev = m;
+        h->addr += need;
+        h->size -= need;
+      } else {
+        hole_unlink(c, h);
+      }
+      m->state = block_state::free;
+      s->unmapped -= need;
+      c.delta.change_mapped(false, need, +1);
+      record(event_of(trace_kind::segment_map, m->addr, need, 0, c.stream));
+      block* b = m;  // merged with the free blocks beside it (not indexed)
+      if (below != 0) {
+        unindex(c, p);
+        absorb_next(c, p);
+        b = p;
+      }
+      if (count == pages && above != 0) {
+        unindex(c, n);
+        absorb_next(c, b);
+      }
+      hand_out(c, b, size, bytes);
+      return {b, nullptr, 0};
+    }
+    return {};
   }
 
   // ---- the small pool: entries in address order ---------------------------------------------
@@ -1930,6 +2137,10 @@ struct allocator_core::impl {
   {
     cache_lock g{figures, c};
     if (block_ref b = take(c, size, false, bytes); b.found()) return b;
+    if (c.holes != nullptr) {  // pages unmapped inside a range first, before its end grows
+      if (c.spare == nullptr) c.add_block_chunk();
+      if (block_ref b = fill_hole(c, size, bytes); b.found()) return b;
+    }
     segment* s = c.growing;
     block* t = s != nullptr ? s->last : nullptr;
     const std::size_t have = t != nullptr && t->state == block_state::free ? t->size : 0;
@@ -1951,26 +2162,21 @@ struct allocator_core::impl {
       s = fresh.get();
     }
     const std::size_t first = s->size / vm_page;
-    const std::size_t count = need / vm_page;
-    std::size_t done = 0;
-    const auto undo = [&]() noexcept {
-      for (std::size_t i = first + done; i-- > first;) {
-        up->vm_unmap(reinterpret_cast<void*>(s->addr + i * vm_page), vm_page, s->maps[i]);
-      }
+    const auto drop = [&]() noexcept {  // the new pages' handles, and a new range
       s->maps.resize(first);
       if (fresh) up->vm_release(reinterpret_cast<void*>(s->addr), s->reserved);
     };
+    bool mapped = false;
     try {
-      s->maps.resize(first + count);
-      for (; done < count; ++done) {
-        s->maps[first + done] = up->vm_map(reinterpret_cast<void*>(s->addr + (first + done) * vm_page), vm_page);
-      }
-    } catch (const out_of_memory&) {
-      undo();
-      return {};
+      s->maps.resize(first + need / vm_page);
+      mapped = map_pages(*s, first, need / vm_page);
     } catch (...) {
-      undo();
+      drop();
       throw;
+    }
+    if (!mapped) {
+      drop();
+      return {};
     }
     const std::uintptr_t at = s->addr + s->size;
     if (fresh) {
@@ -1991,14 +2197,7 @@ struct allocator_core::impl {
         t->size += need;
         index(c, t);
       } else {
-        block* r = new_block(c);
-        r->addr = at;
-        r->size = need;
-        r->seg = s;
-        r->prev = t;
-        t->next = r;
-        s->last = r;
-        index(c, r);
+        index(c, link_after(c, t, at, need));
       }
       s->size += need;
       record(event_of(trace_kind::segment_map, at, need, 0, c.stream));
@@ -2482,14 +2681,14 @@ allocator_snapshot allocator_core::snapshot() const
     for (const segment* s = c->segments; s != nullptr; s = s->lnext) {
       segment_info si;
       si.address = s->addr;
-      si.size = s->size;
       si.small_pool = s->small;
       si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
       si.exported = s->exported;
       si.reserved = s->reserved;
+      si.size = s->size - s->unmapped;  // mapped: holes' blocks (state unmapped) are not reserved
       for (const block* b = s->head; b != nullptr; b = b->next) {
-        si.blocks.push_back(block_info{b->addr, b->size,
-                                       b->state == block_state::free ? 0 : b->requested, b->state});
+        const bool idle = b->state == block_state::free || b->state == k_unmapped;
+        si.blocks.push_back(block_info{b->addr, b->size, idle ? 0 : b->requested, b->state});
       }
       snap.segments.push_back(std::move(si));
     }

@@ -21,6 +21,7 @@ std::string_view state_name(block_state s)
     case block_state::allocated: return "allocated";
     case block_state::pending_free: return "pending_free";
     case block_state::free: return "free";
+    case block_state::unmapped: return "unmapped";
   }
   return "unknown";
 }

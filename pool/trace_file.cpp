@@ -656,7 +656,7 @@ allocator_snapshot parse_snapshot(std::string_view text, std::string_view name)
     const auto blocks = s.find("blocks");
     if (blocks == s.end()) sfail(sw + "required field 'blocks' is missing");
     if (!blocks->is_array()) sfail(sw + "field 'blocks': expected an array, got " + std::string{blocks->type_name()});
-    std::uint64_t covered = 0;
+    std::uint64_t covered = 0, mapped = 0;  // bytes tiled, and of them mapped (not unmapped blocks)
     for (std::size_t bi = 0; bi < blocks->size(); ++bi) {
       const nlohmann::json& b = (*blocks)[bi];
       const std::string bw = sw + "block " + std::to_string(bi) + ": ";
@@ -672,22 +672,31 @@ allocator_snapshot parse_snapshot(std::string_view text, std::string_view name)
         blk.state = block_state::pending_free;
       } else if (st == "free") {
         blk.state = block_state::free;
+      } else if (st == "unmapped") {
+        blk.state = block_state::unmapped;
+        if (seg.reserved == 0) sfail(bw + "an unmapped block outside an expandable segment (no reserved_addresses)");
       } else {
-        sfail(bw + "field 'state': expected allocated, pending_free or free, got " + shown(st));
+        sfail(bw + "field 'state': expected allocated, pending_free, free or unmapped, got " + shown(st));
       }
       if (blk.address < seg.address || blk.address - seg.address != covered) {
         sfail(bw + "address " + std::to_string(blk.address) + " does not follow the previous block (expected " +
               std::to_string(seg.address + covered) + "): blocks must tile their segment in address order");
       }
-      if (blk.size > seg.size - covered) {
-        sfail(bw + "the block ends past its segment's " + std::to_string(seg.size) + " bytes");
+      if (blk.state != block_state::unmapped) {
+        if (blk.size > seg.size - mapped) {
+          sfail(bw + "the block ends past its segment's " + std::to_string(seg.size) + " bytes");
+        }
+        mapped += blk.size;
+      } else if (blk.size > seg.reserved - covered) {
+        sfail(bw + "the unmapped block ends past its segment's " + std::to_string(seg.reserved) +
+              " reserved addresses");
       }
       covered += blk.size;
       seg.blocks.push_back(blk);
     }
-    if (covered != seg.size) {
-      sfail(sw + "blocks cover " + std::to_string(covered) + " of the segment's " + std::to_string(seg.size) +
-            " bytes (blocks must tile their segment)");
+    if (mapped != seg.size) {
+      sfail(sw + "blocks cover " + std::to_string(mapped) + " of the segment's " + std::to_string(seg.size) +
+            " bytes (blocks must tile their segment; unmapped blocks aside)");
     }
     snap.segments.push_back(std::move(seg));
   }

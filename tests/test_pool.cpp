@@ -153,12 +153,24 @@ void check_invariants(const depot::memory_stats& s, const depot::allocator_snaps
     p.reserved += static_cast<std::int64_t>(seg.size);
     ++p.segments;
     std::uintptr_t expect = seg.address;
-    bool previous_free = false;
+    std::size_t unmapped = 0;
+    bool previous_free = false, previous_unmapped = false;
     REQUIRE_FALSE(seg.blocks.empty());
     for (const auto& b : seg.blocks) {
       REQUIRE(b.address == expect);  // blocks tile the segment
       expect += b.size;
       REQUIRE(b.size % 512 == 0);
+      if (b.state == depot::block_state::unmapped) {  // a hole: whole pages, of an expandable segment
+        REQUIRE(seg.reserved != 0);
+        REQUIRE(b.requested == 0);
+        REQUIRE_FALSE(previous_unmapped);  // holes beside each other are merged
+        REQUIRE(&b != &seg.blocks.back());  // the range ends below a hole
+        unmapped += b.size;
+        previous_unmapped = true;
+        previous_free = false;
+        continue;
+      }
+      previous_unmapped = false;
       const bool is_free = b.state == depot::block_state::free;
       REQUIRE_FALSE((is_free && previous_free));  // free neighbours are always merged
       previous_free = is_free;
@@ -170,7 +182,7 @@ void check_invariants(const depot::memory_stats& s, const depot::allocator_snaps
       if (!is_free) p.active += static_cast<std::int64_t>(b.size);
       if (is_free && seg.blocks.size() > 1) p.split += static_cast<std::int64_t>(b.size);
     }
-    REQUIRE(expect == seg.address + seg.size);
+    REQUIRE(expect == seg.address + seg.size + unmapped);
   }
   auto check = [](const depot::stat_array& a, std::int64_t large, std::int64_t small) {
     CHECK(a.large.current == large);
@@ -2043,6 +2055,201 @@ TEST_CASE_TEMPLATE("pool: expandable segments grow one address range and unmap i
   // The allocator's end gives back every page and every range.
   CHECK(counters->outstanding.load() == 0);
   CHECK(counters->reservations.load() == 0);
+}
+
+TEST_CASE_TEMPLATE("pool: expandable segments unmap free pages inside their range and map them back", D,
+                   DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  auto owned = std::make_unique<limiting_upstream<D>>(std::size_t{1} << 40, counters);
+  limiting_upstream<D>& up = *owned;
+  depot::caching_allocator<D> a{std::move(owned), expandable_config<D>()};
+  a.set_trace_capacity(256);
+  const std::size_t P = a.expandable_page();
+  REQUIRE(P >= 2 * MiB);
+  depot::stream<D> s;
+  const auto at = [](void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  const auto states = [&] {  // the one large segment's blocks as "A2 U5 F1 ..." in pages (x: not whole)
+    const auto segs = large_segments(a.snapshot());
+    REQUIRE(segs.size() == 1);
+    std::string out;
+    for (const auto& b : segs[0].blocks) {
+      out += out.empty() ? "" : " ";
+      out += b.state == depot::block_state::allocated ? 'A' : b.state == depot::block_state::free ? 'F' : b.state == depot::block_state::unmapped ? 'U' : 'P';
+      out += b.size % P == 0 ? std::to_string(b.size / P) : "x";
+    }
+    return out;
+  };
+  const auto reserved = [&] { return static_cast<std::size_t>(a.stats().reserved_bytes.all.current); };
+  std::mt19937_64 rng{depot::test::seed("pool expandable holes", 3)};
+  void* p1 = a.allocate(P, s);
+  void* p2 = a.allocate(5 * P, s);
+  void* p3 = a.allocate(P, s);
+  const std::uintptr_t base = at(p1);
+  fill_bytes<D>(p1, P, 11, depot::stream_ref<D>{s.native()});
+  fill_bytes<D>(p3, P, 33, depot::stream_ref<D>{s.native()});
+  s.synchronize();
+  CHECK(states() == "A1 A5 A1");
+
+  // A free block between live ones: empty_cache unmaps its pages, leaving a hole.
+  a.deallocate(p2, s);
+  CHECK(reserved() == 7 * P);
+  a.empty_cache();
+  check_invariants(a);
+  CHECK(states() == "A1 U5 A1");
+  CHECK(reserved() == 2 * P);
+  CHECK(counters->outstanding.load() == static_cast<std::int64_t>(2 * P));
+  CHECK(large_segments(a.snapshot())[0].size == 2 * P);
+  CHECK(check_bytes<D>(p1, P, 11, rng));
+  CHECK(check_bytes<D>(p3, P, 33, rng));
+
+  // A miss maps part of the hole back, where it was: no new range, no growth of the end.
+  void* q = a.allocate(2 * P, s);
+  CHECK(at(q) == base + P);
+  CHECK(states() == "A1 A2 U3 A1");
+  CHECK(reserved() == 4 * P);
+  CHECK(counters->reservations.load() == 1);
+  fill_bytes<D>(q, 2 * P, 22, depot::stream_ref<D>{s.native()});
+  s.synchronize();
+  CHECK(check_bytes<D>(q, 2 * P, 22, rng));
+  check_invariants(a);
+
+  // Blocks not on page boundaries keep their partial pages; holes beside each other merge.
+  a.deallocate(q, s);
+  void* r = a.allocate(3 * P / 4, s);  // from the 2 free pages: 0.75 handed out, 1.25 free
+  CHECK(at(r) == base + P);
+  CHECK(states() == "A1 Ax Fx U3 A1");
+  a.empty_cache();  // the free block's one whole page joins the hole; a quarter page stays free
+  CHECK(states() == "A1 Ax Fx U4 A1");
+  CHECK(reserved() == 3 * P);
+  check_invariants(a);
+  a.deallocate(r, s);
+  a.empty_cache();  // the free page beside the hole: one hole of 5 pages again
+  CHECK(states() == "A1 U5 A1");
+  CHECK(reserved() == 2 * P);
+  check_invariants(a);
+  void* t = a.allocate(3 * P / 4, s);  // less than a page: one page mapped at the hole's start
+  CHECK(at(t) == base + P);
+  CHECK(states() == "A1 A1 U4 A1");  // (a rest of a quarter page is not split off)
+  a.deallocate(t, s);
+  a.empty_cache();
+  CHECK(states() == "A1 U5 A1");
+
+  // A mapping that fails for another reason than memory is undone and reported.
+  up.fail_maps_with_error = true;
+  CHECK_THROWS_AS((void)a.allocate(4 * P, s), depot::error);
+  up.fail_maps_with_error = false;
+  check_invariants(a);
+  CHECK(states() == "A1 U5 A1");
+  CHECK(counters->outstanding.load() == static_cast<std::int64_t>(2 * P));
+  // A request larger than the hole with its free neighbours does not fit there: the end grows.
+  void* big = a.allocate(6 * P, s);
+  CHECK(at(big) == base + 7 * P);
+  CHECK(states() == "A1 U5 A1 A6");
+  a.deallocate(big, s);
+  CHECK(states() == "A1 U5 A1 F6");
+
+  // The end: its free pages go, then the hole the end reaches, down to the live first block.
+  a.deallocate(p3, s);
+  a.empty_cache();
+  CHECK(states() == "A1");
+  CHECK(reserved() == P);
+  CHECK(counters->outstanding.load() == static_cast<std::int64_t>(P));
+  CHECK(check_bytes<D>(p1, P, 11, rng));
+  check_invariants(a);
+  // The trace tells every change of the reserved bytes, holes included.
+  std::int64_t traced = 0;
+  bool inside = false;
+  for (const auto& e : a.trace()) {
+    const auto n = static_cast<std::int64_t>(e.size);
+    if (e.kind == depot::trace_kind::segment_allocate || e.kind == depot::trace_kind::segment_map) traced += n;
+    if (e.kind == depot::trace_kind::segment_free || e.kind == depot::trace_kind::segment_unmap) traced -= n;
+    inside = inside || (e.kind == depot::trace_kind::segment_unmap && e.address == base + P && e.size == 5 * P);
+  }
+  CHECK(traced == static_cast<std::int64_t>(P));
+  CHECK(inside);
+
+  // A segment whose first pages are a hole goes back whole once the rest is free.
+  a.deallocate(p1, s);
+  void* x = a.allocate(3 * P, s);
+  void* y = a.allocate(P, s);
+  CHECK(at(x) == base);
+  a.deallocate(x, s);
+  a.empty_cache();
+  CHECK(states() == "U3 A1");
+  CHECK(reserved() == P);
+  a.deallocate(y, s);
+  a.empty_cache();
+  CHECK(large_segments(a.snapshot()).empty());
+  CHECK(reserved() == 0);
+  CHECK(counters->outstanding.load() == 0);
+  CHECK(counters->reservations.load() == 0);
+  check_invariants(a);
+}
+
+TEST_CASE_TEMPLATE("pool: expandable segments out of memory while mapping a hole back: undone, reported", D,
+                   DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  const std::size_t P = depot::caching_allocator<D>{std::make_unique<limiting_upstream<D>>(MiB, counters),
+                                                    expandable_config<D>()}
+                            .expandable_page();
+  REQUIRE(P >= 2 * MiB);
+  depot::caching_allocator<D> a{std::make_unique<limiting_upstream<D>>(4 * P, counters), expandable_config<D>()};
+  depot::stream<D> s;
+  void* p1 = a.allocate(P, s);
+  void* p2 = a.allocate(2 * P, s);
+  void* p3 = a.allocate(P, s);
+  a.deallocate(p2, s);
+  a.empty_cache();  // a hole of 2 pages; 2 pages of the limit's 4 mapped
+  void* tiny = a.allocate(4096, s);  // a 2 MiB small segment: room for one page more
+  CHECK(counters->outstanding.load() == static_cast<std::int64_t>(2 * P + 2 * MiB));
+  const auto before = a.stats();
+  CHECK_THROWS_AS((void)a.allocate(2 * P, s), depot::out_of_memory);  // the second page does not fit
+  check_invariants(a);
+  const auto after = a.stats();
+  CHECK(after.reserved_bytes.all.current == before.reserved_bytes.all.current);
+  CHECK(after.num_ooms == before.num_ooms + 1);
+  CHECK(counters->outstanding.load() == static_cast<std::int64_t>(2 * P + 2 * MiB));
+  a.deallocate(tiny, s);
+  a.empty_cache();  // the small segment goes: now the hole maps back
+  void* q = a.allocate(2 * P, s);
+  CHECK(q == p2);
+  check_invariants(a);
+  a.deallocate(q, s);
+  a.deallocate(p1, s);
+  a.deallocate(p3, s);
+  a.empty_cache();
+  CHECK(counters->outstanding.load() == 0);
+  CHECK(counters->reservations.load() == 0);
+}
+
+TEST_CASE_TEMPLATE("pool: expandable segments with release_threshold unmap a freed block's pages at once", D,
+                   DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  depot::allocator_config cfg = expandable_config<D>();
+  cfg.release_threshold = 0;
+  depot::caching_allocator<D> a{std::make_unique<limiting_upstream<D>>(std::size_t{1} << 40, counters), cfg};
+  const std::size_t P = a.expandable_page();
+  REQUIRE(P >= 2 * MiB);
+  depot::stream<D> s;
+  void* p1 = a.allocate(P, s);
+  void* p2 = a.allocate(3 * P, s);
+  void* p3 = a.allocate(P, s);
+  a.deallocate(p2, s);  // in the middle: a hole at once
+  check_invariants(a);
+  CHECK(a.stats().reserved_bytes.all.current == static_cast<std::int64_t>(2 * P));
+  CHECK(counters->outstanding.load() == static_cast<std::int64_t>(2 * P));
+  void* q = a.allocate(2 * P, s);  // mapped back into the hole
+  CHECK(reinterpret_cast<std::uintptr_t>(q) == reinterpret_cast<std::uintptr_t>(p2));
+  a.deallocate(q, s);
+  a.deallocate(p3, s);  // the end, then the hole below it
+  CHECK(a.stats().reserved_bytes.all.current == static_cast<std::int64_t>(P));
+  a.deallocate(p1, s);
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+  CHECK(counters->reservations.load() == 0);
+  check_invariants(a);
 }
 
 TEST_CASE_TEMPLATE("pool: expandable segments out of memory: undone, retried, reported, no leak", D,

@@ -87,6 +87,10 @@ int main(int argc, char** argv)
       void* p = on_side ? pool.allocate(pick_size(step), side) : pool.allocate(pick_size(step));
       acts.emplace_back(p, on_side);
     }
+    // now and then a large block kept to the end, above this step's activations: once they
+    // are freed, an empty_cache() has free pages below a live block (with expandable
+    // segments: pages unmapped inside the range, and mapped back by later steps)
+    if (step % 50 == 20) keep.push_back(pool.allocate(std::size_t{30} << 20));
     // temporaries on a helper thread every few steps (another thread id in the trace)
     if (step % 5 == 0) {
       std::thread helper{[&pool, step] {
@@ -108,7 +112,13 @@ int main(int argc, char** argv)
     recorded += acts.size() * 4;
     if (step % 50 == 49) pool.empty_cache();  // segments go back: segment_free events
   }
-  // End state: weights and the kept activations alive, the rest of the cache free.
+  // End state: weights and the kept activations alive, the rest of the cache free (with
+  // expandable segments: its whole free pages unmapped, holes between the kept blocks, and
+  // one page of a hole mapped back for a last block).
+  if (pool.config().expandable_segments) {
+    pool.empty_cache();
+    keep.push_back(pool.allocate((std::size_t{2} << 20) + 1));  // maps a page of a hole back
+  }
   if (!snapshot_path.empty()) write_file(snapshot_path, pool.snapshot().to_json());
   write_file(trace_path, pool.trace_json());
   if (!expect_path.empty()) {

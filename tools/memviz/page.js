@@ -10,8 +10,8 @@
   const root = document.documentElement;
   const PALETTE = ['#4e79a7', '#f28e2b', '#59a14f', '#e15759', '#76b7b2', '#edc948', '#b07aa1', '#ff9da7',
                    '#9c755f', '#bab0ac'];
-  const STATE_NAMES = ['allocated', 'pending_free', 'free'];
-  const STATE_COLORS = ['#2f6fb5', '#f28e2b', '#dfe3ea'];
+  const STATE_NAMES = ['allocated', 'pending_free', 'free', 'unmapped'];
+  const STATE_COLORS = ['#2f6fb5', '#f28e2b', '#dfe3ea', '#ffffff'];
   const DETAIL_MAX = 20000;  // draw single allocations when at most this many overlap the view
   const SHADES = 4;
 
@@ -178,6 +178,9 @@
         endAddr = b.addr + b.size;
         seg.blocks.push(b);
       }
+      // The addresses the blocks tile: the mapped size, plus the holes (unmapped blocks) of
+      // an expandable segment. Rows are drawn to this span.
+      seg.span = Math.max(endAddr - a, seg.size, 1);
       segments.push(seg);
     }
     r.end();
@@ -602,7 +605,7 @@
     const { ctx } = g;
     const barX = SEG.label, barW = g.cssWidth - SEG.label - 12;
     let blocks = 0;
-    const counts = [0, 0, 0];
+    const counts = [0, 0, 0, 0];
     ctx.textBaseline = 'middle';
     for (let r = 0; r < rows; r++) {
       const s = segs[r];
@@ -613,8 +616,8 @@
       ctx.fillStyle = '#f2f4f7';
       ctx.fillRect(barX, y + 2, barW, SEG.row - 4);
       for (const b of s.blocks) {
-        const x0 = barX + b.off / s.size * barW;
-        const w = Math.max(b.size / s.size * barW, 1);
+        const x0 = barX + b.off / s.span * barW;
+        const w = Math.max(b.size / s.span * barW, 1);
         ctx.fillStyle = STATE_COLORS[b.state] || '#000';
         ctx.fillRect(x0, y + 2, w, SEG.row - 4);
         if (w >= 4) {
@@ -630,6 +633,7 @@
     segCanvas.dataset.allocated = String(counts[0]);
     segCanvas.dataset.pending = String(counts[1]);
     segCanvas.dataset.free = String(counts[2]);
+    segCanvas.dataset.unmapped = String(counts[3]);
     document.getElementById('segments-note').textContent =
       S.device + ': ' + S.segments + ' segments, ' + S.blocks + ' blocks, reserved ' + fmtBytes(S.reserved) +
       ', allocated ' + fmtBytes(S.allocated) + (S.pending_free ? ', pending free ' + fmtBytes(S.pending_free) : '') +
@@ -652,12 +656,12 @@
     const lines = ['segment ' + hex(s.addr) + ', ' + fmtBytes(s.size) + ' (' + (s.small ? 'small' : 'large') +
                    ' pool), stream ' + S.streams[s.stream] + ', ' + s.blocks.length + ' blocks'];
     const barW = rect.width - SEG.label - 12;
-    const off = (x - SEG.label) / barW * s.size;
-    if (off >= 0 && off <= s.size) {
+    const off = (x - SEG.label) / barW * s.span;
+    if (off >= 0 && off <= s.span) {
       for (const b of s.blocks) {
         if (off >= b.off && off < b.off + b.size) {
           lines.push('block ' + hex(b.addr) + ': ' + STATE_NAMES[b.state] + ', ' + fmtBytes(b.size) + ' (' + b.size +
-                     ' B)' + (b.state !== 2 ? ', requested ' + b.req + ' B' : ''));
+                     ' B)' + (b.state < 2 ? ', requested ' + b.req + ' B' : ''));
           break;
         }
       }

@@ -116,24 +116,56 @@ class segment_gaps {
   void add_segment(std::uintptr_t address, std::size_t size)
   {
     if (size == 0 || segments_.count(address) != 0) return;
-    segments_[address] = segment{size, {}};
+    segments_[address] = segment{size, {}, {}};
     add_gap(size);
   }
-  // An expandable segment's end moves: `size` bytes mapped at `address` (its old end), or
-  // unmapped from `address` to its end; the free range at its end grows or shrinks.
-  void map_at_end(std::uintptr_t address, std::size_t size, bool map)
+  // Pages of an expandable segment mapped or unmapped. At its end the range grows or
+  // shrinks, and the free range at its end with it; inside it, unmapped pages become a hole,
+  // kept like a live block (no free range there) until mapped back, and a hole the end
+  // reaches goes with it (the allocator ends the range below it).
+  void map_pages(std::uintptr_t address, std::size_t size, bool map)
   {
+    if (address + size < address) return;
+    if (map) {  // inside a hole: (part of) it mapped back, free addresses again
+      segment* s = nullptr;
+      std::uintptr_t base = 0;
+      if (find(address, size, s, base)) {
+        auto h = s->holes.upper_bound(address);
+        if (h == s->holes.begin()) return;
+        --h;
+        const std::uintptr_t h0 = h->first, h1 = h->second;
+        if (address + size > h1) return;  // not inside one hole: the trace is inconsistent
+        s->holes.erase(h);
+        free(h0);
+        if (h0 < address) hole(h0, address - h0);
+        if (address + size < h1) hole(address + size, h1 - address - size);
+        return;
+      }
+    }
     auto it = segments_.upper_bound(address - (map ? 1 : 0));
     if (it == segments_.begin()) return;
     --it;
     segment& s = it->second;
-    const std::uintptr_t end = it->first + s.size;
-    if (map ? end != address : (address < it->first || address + size != end)) return;
-    const std::uintptr_t last = s.blocks.empty() ? it->first : s.blocks.rbegin()->second;
+    const std::uintptr_t base = it->first, end = base + s.size;
+    if (address < base) return;
+    if (!map && address + size < end) {  // unmapped inside: a hole
+      hole(address, size);
+      return;
+    }
+    if (map ? end != address : address + size != end) return;
+    const std::uintptr_t last = s.blocks.empty() ? base : s.blocks.rbegin()->second;
     if (!map && last > address) return;  // a live block above: the trace is inconsistent
     remove_gap(end - last);
     s.size = map ? s.size + size : s.size - size;
-    add_gap(it->first + s.size - last);
+    add_gap(base + s.size - last);
+    // The end reached a hole: the range now ends where the hole begins.
+    while (!map && !s.blocks.empty() && s.blocks.rbegin()->second == base + s.size &&
+           s.holes.count(s.blocks.rbegin()->first) != 0) {
+      const std::uintptr_t h0 = s.blocks.rbegin()->first;
+      s.holes.erase(h0);
+      s.blocks.erase(h0);
+      s.size = h0 - base;  // the free range below the hole now ends the range (no gap changes)
+    }
   }
   void remove_segment(std::uintptr_t address)
   {
@@ -168,7 +200,7 @@ class segment_gaps {
     std::uintptr_t base = 0;
     if (!find(a, 1, s, base)) return;
     const auto it = s->blocks.find(a);
-    if (it == s->blocks.end()) return;
+    if (it == s->blocks.end() || s->holes.count(a) != 0) return;  // (a hole is freed by mapping it)
     const auto next = std::next(it);
     const std::uintptr_t hi = next == s->blocks.end() ? base + s->size : next->first;
     const std::uintptr_t lo = it == s->blocks.begin() ? base : std::prev(it)->second;
@@ -187,8 +219,18 @@ class segment_gaps {
  private:
   struct segment {
     std::size_t size = 0;
-    std::map<std::uintptr_t, std::uintptr_t> blocks;  // live block start -> end
+    std::map<std::uintptr_t, std::uintptr_t> blocks;  // live block (or hole) start -> end
+    std::map<std::uintptr_t, std::uintptr_t> holes;   // unmapped pages inside: start -> end
   };
+  void hole(std::uintptr_t a, std::size_t size)
+  {
+    segment* s = nullptr;
+    std::uintptr_t base = 0;
+    if (!find(a, size, s, base)) return;
+    const std::size_t before = s->blocks.size();
+    allocate(a, size);
+    if (s->blocks.size() != before) s->holes.emplace(a, a + size);
+  }
   bool find(std::uintptr_t a, std::size_t size, segment*& s, std::uintptr_t& base)
   {
     auto it = segments_.upper_bound(a);
@@ -437,11 +479,11 @@ nlohmann::json trace_page_data(const recorded_trace& trace, trace_summary& summa
         break;
       case trace_kind::segment_map:
         reserved += e.size;
-        gaps.map_at_end(e.address, e.size, true);
+        gaps.map_pages(e.address, e.size, true);
         break;
       case trace_kind::segment_unmap:
         reserved -= std::min<std::uint64_t>(reserved, e.size);
-        gaps.map_at_end(e.address, e.size, false);
+        gaps.map_pages(e.address, e.size, false);
         break;
       case trace_kind::out_of_memory: break;
     }

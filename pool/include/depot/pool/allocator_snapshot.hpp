@@ -17,6 +17,7 @@ enum class block_state : std::uint8_t {
   allocated = 0,     // handed out to a caller
   pending_free = 1,  // freed, waiting for events of other streams that used it
   free = 2,          // in the cache, reusable
+  unmapped = 3,      // addresses of an expandable segment with no memory behind them (a hole)
 };
 
 struct block_info {
@@ -33,15 +34,17 @@ struct segment_info {
   bool small_pool = false;
   std::uintptr_t stream = 0;  // the stream whose cache holds it (0: default stream)
   bool exported = false;      // shared with other processes (ipc_handle): kept until destruction
-  // An expandable segment: `size` bytes mapped at `address`, of `reserved` bytes of
-  // addresses (0 for an ordinary segment).
+  // An expandable segment: `size` bytes mapped from `address` on, of `reserved` bytes of
+  // addresses (0 for an ordinary segment). Its blocks tile `size` bytes plus those of its
+  // blocks of state unmapped (pages unmapped inside it, e.g. by empty_cache()).
   std::size_t reserved = 0;
   std::vector<block_info> blocks;
 };
 
 // Every segment of a caching_allocator at one moment, taken under its locks. Its sums
 // equal the statistics taken at the same moment: reserved = sum of segment sizes,
-// allocated = sum of allocated + pending block sizes, and so on.
+// allocated = sum of allocated + pending block sizes, and so on (unmapped blocks count in
+// none of them).
 struct allocator_snapshot {
   device_id device;
   std::vector<segment_info> segments;

@@ -14,8 +14,8 @@ enum class trace_kind : std::uint8_t {
   segment_allocate = 2, // memory taken from the upstream
   segment_free = 3,     // memory returned to the upstream
   out_of_memory = 4,    // an allocation that failed after every retry
-  segment_map = 5,      // memory mapped at the end of an expandable segment (address: where)
-  segment_unmap = 6,    // memory unmapped from the end of an expandable segment
+  segment_map = 5,      // memory mapped in an expandable segment: at its end, or into a hole
+  segment_unmap = 6,    // memory unmapped from an expandable segment: its end, or inside (a hole)
 };
 
 [[nodiscard]] constexpr std::string_view to_string(trace_kind k) noexcept
