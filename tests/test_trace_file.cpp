@@ -355,6 +355,28 @@ TEST_CASE("trace: files that are missing, unreadable or not snapshots")
     CHECK(depot::parse_snapshot(t).segments[0].exported);
   }
 
+  // An expandable segment with a hole: the unmapped block tiles the addresses, not the size.
+  const std::string holed =
+      R"({"format":"depot.snapshot.v1","device":"cuda:0","segments":[{"address":1024,"size":2048,"pool":"large","stream":0,)"
+      R"("reserved_addresses":8192,"blocks":[{"address":1024,"size":512,"requested":500,"state":"allocated"},)"
+      R"({"address":1536,"size":4096,"requested":0,"state":"unmapped"},{"address":5632,"size":1536,"requested":0,"state":"free"}]}]})";
+  {
+    const depot::allocator_snapshot h = depot::parse_snapshot(holed);
+    REQUIRE(h.segments.size() == 1);
+    REQUIRE(h.segments[0].blocks.size() == 3);
+    CHECK(h.segments[0].blocks[1].state == depot::block_state::unmapped);
+    CHECK(h.segments[0].size == 2048);
+    CHECK(depot::parse_snapshot(h.to_json()).segments[0].blocks[1].state == depot::block_state::unmapped);
+    auto holed_with = [&](const std::string& from, const std::string& to) {
+      std::string t = holed;
+      t.replace(t.find(from), from.size(), to);
+      return t;
+    };
+    CHECK(contains(snapshot_error(holed_with("\"reserved_addresses\":8192,", "")), "outside an expandable segment"));
+    CHECK(contains(snapshot_error(holed_with("\"size\":4096", "\"size\":8000")), "past its segment's 8192 reserved"));
+    CHECK(contains(snapshot_error(holed_with("\"size\":2048", "\"size\":6144")), "cover 2048"));
+  }
+
   struct bad_case {
     std::string text;
     std::vector<std::string> expected;
