@@ -285,14 +285,16 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
 // allocates 4 blocks of 5 MiB + step x 640 KiB on one stream, then frees them. Ordinary
 // segments fit a step's blocks only into segments that were made for smaller ones, so each
 // step from 10 MiB on makes new ones beside the cached old ones; an expandable segment
-// grows its one free range. Reports the peak reserved against the peak allocated.
+// grows its one free range. Reports the peak reserved against the peak allocated. Then
+// one more step whose blocks are freed under a 4 MiB block allocated after them and kept
+// (a long-lived tensor made late), and empty_cache(): what stays reserved for that block.
 template <device D>
 void alloc_growth(int device, nlohmann::json& growing)
 {
   std::printf("\n%s:%d  growing requests: 32 steps of 4 blocks of 5 MiB + step x 640 KiB, freed after each step\n",
               std::string{D::name}.c_str(), device);
-  std::printf("  %-17s %14s %14s %9s %8s %8s %9s\n", "allocator", "peak allocated", "peak reserved", "ratio",
-              "segments", "misses", "ms");
+  std::printf("  %-17s %14s %14s %9s %8s %8s %9s %16s\n", "allocator", "peak allocated", "peak reserved", "ratio",
+              "segments", "misses", "ms", "kept 4 MiB: MiB");
   for (const bool expandable : {false, true}) {
     allocator_config cfg;
     cfg.expandable_segments = expandable;
@@ -307,20 +309,29 @@ void alloc_growth(int device, nlohmann::json& growing)
     s.synchronize();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const memory_stats st = a.stats();
+    void* last[4];
+    for (void*& x : last) x = a.allocate((std::size_t{5} << 20) + 31 * (std::size_t{640} << 10), s);
+    void* kept = a.allocate(std::size_t{4} << 20, s);
+    for (void* x : last) a.deallocate(x, s);
+    a.empty_cache();
+    const auto kept_reserved = a.stats().reserved_bytes.all.current;
+    a.deallocate(kept, s);
     const std::string name = expandable ? (a.expandable_page() != 0 ? "depot-expandable" : "depot-exp(n/a)")
                                         : "depot";
     const double ratio = static_cast<double>(st.reserved_bytes.all.peak) / static_cast<double>(st.allocated_bytes.all.peak);
-    std::printf("  %-17s %11.1f MiB %11.1f MiB %9.2f %8lld %8lld %9.2f\n", name.c_str(),
+    std::printf("  %-17s %11.1f MiB %11.1f MiB %9.2f %8lld %8lld %9.2f %16.1f\n", name.c_str(),
                 static_cast<double>(st.allocated_bytes.all.peak) / 1048576.0,
                 static_cast<double>(st.reserved_bytes.all.peak) / 1048576.0, ratio,
-                static_cast<long long>(st.num_segments.all.peak), static_cast<long long>(st.num_cache_misses), ms);
+                static_cast<long long>(st.num_segments.all.peak), static_cast<long long>(st.num_cache_misses), ms,
+                static_cast<double>(kept_reserved) / 1048576.0);
     growing.push_back({{"device", std::string{D::name} + ":" + std::to_string(device)},
                     {"allocator", name},
                     {"peak_allocated", st.allocated_bytes.all.peak},
                     {"peak_reserved", st.reserved_bytes.all.peak},
                     {"segments_peak", st.num_segments.all.peak},
                     {"misses", st.num_cache_misses},
-                    {"ms", ms}});
+                    {"ms", ms},
+                    {"kept_reserved_after_empty_cache", kept_reserved}});
   }
 }
 

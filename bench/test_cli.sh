@@ -23,7 +23,8 @@ g=[x for x in rows if x['device']!='host:0']; assert not g or {'depot'} <= {x['a
 gr={x['allocator']: x for x in a['growing'] if x['device']=='host:0'}; assert set(gr)=={'depot','depot-expandable'}, gr; \
 o, e = gr['depot'], gr['depot-expandable']; assert o['peak_allocated'] > 0 and e['peak_allocated'] > 0, gr; \
 assert e['peak_reserved'] == e['peak_allocated'] and o['peak_reserved'] > 2 * o['peak_allocated'], gr; \
-assert e['segments_peak'] == 1, gr"
+assert e['segments_peak'] == 1, gr; \
+assert 4 << 20 <= e['kept_reserved_after_empty_cache'] <= 6 << 20 < o['kept_reserved_after_empty_cache'], gr"
 
 "$bench" info --device host --size 1MiB --repetitions 2 > "$tmp/out" 2>&1
 check test $? -eq 0
