@@ -113,11 +113,14 @@ int main(int argc, char** argv)
     if (step % 50 == 49) pool.empty_cache();  // segments go back: segment_free events
   }
   // End state: weights and the kept activations alive, the rest of the cache free (with
-  // expandable segments: its whole free pages unmapped, holes between the kept blocks, and
-  // one page of a hole mapped back for a last block).
+  // expandable segments: its whole free pages unmapped, holes between the kept blocks, a
+  // page mapped back and unmapped again, then pages mapped back for a last block).
   if (pool.config().expandable_segments) {
     pool.empty_cache();
-    keep.push_back(pool.allocate((std::size_t{2} << 20) + 1));  // maps a page of a hole back
+    void* back = pool.allocate((std::size_t{2} << 20) + 1);  // maps a page of a hole back
+    pool.deallocate(back);
+    pool.empty_cache();  // unmapped again, beside the rest of the hole: one hole
+    keep.push_back(pool.allocate((std::size_t{6} << 20) + 1));  // maps pages across that seam
   }
   if (!snapshot_path.empty()) write_file(snapshot_path, pool.snapshot().to_json());
   write_file(trace_path, pool.trace_json());

@@ -229,7 +229,22 @@ class segment_gaps {
     if (!find(a, size, s, base)) return;
     const std::size_t before = s->blocks.size();
     allocate(a, size);
-    if (s->blocks.size() != before) s->holes.emplace(a, a + size);
+    if (s->blocks.size() == before) return;
+    // Holes that meet are one (as the allocator keeps them): a later map may cross the seam.
+    std::uintptr_t h0 = a;
+    const std::uintptr_t h1 = a + size;
+    if (auto it = s->holes.lower_bound(a); it != s->holes.begin() && std::prev(it)->second == a) {
+      h0 = std::prev(it)->first;
+      s->blocks.erase(a);
+    }
+    std::uintptr_t end = h1;
+    if (auto nx = s->holes.find(h1); nx != s->holes.end()) {
+      end = nx->second;
+      s->holes.erase(nx);
+      s->blocks.erase(h1);
+    }
+    s->holes[h0] = end;
+    s->blocks[h0] = end;  // (no free range between holes that meet: the gaps stay)
   }
   bool find(std::uintptr_t a, std::size_t size, segment*& s, std::uintptr_t& base)
   {
