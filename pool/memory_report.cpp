@@ -80,6 +80,23 @@ std::string allocator_core::summary() const
                      " pages into one address range per stream\n"
                : "expandable segments: not available (this upstream cannot map memory into reserved "
                  "addresses): ordinary segments\n";
+    // The ranges now: mapped bytes, and the holes (pages unmapped inside) among them.
+    std::size_t ranges = 0, mapped = 0, holes = 0, unmapped = 0;
+    for (const segment_info& seg : snapshot().segments) {
+      if (seg.reserved == 0) continue;
+      ++ranges;
+      mapped += seg.size;
+      for (const block_info& b : seg.blocks) {
+        if (b.state != block_state::unmapped) continue;
+        ++holes;
+        unmapped += b.size;
+      }
+    }
+    if (ranges != 0) {
+      out += "  " + std::to_string(ranges) + (ranges == 1 ? " range, " : " ranges, ") + format_bytes(mapped) +
+             " mapped; " + std::to_string(holes) + (holes == 1 ? " hole" : " holes") + " of " +
+             format_bytes(unmapped) + " unmapped inside\n";
+    }
   }
   char line[160];
   std::snprintf(line, sizeof line, "%-22s %-6s %12s %12s %12s %12s\n", "", "pool", "current", "peak",

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <depot/hal/error.hpp>
+#include <depot/hal/format_bytes.hpp>
 #include <depot/hal/invalid_argument.hpp>
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/hal/runtime.hpp>
@@ -2100,6 +2101,9 @@ TEST_CASE_TEMPLATE("pool: expandable segments unmap free pages inside their rang
   CHECK(reserved() == 2 * P);
   CHECK(counters->outstanding.load() == static_cast<std::int64_t>(2 * P));
   CHECK(large_segments(a.snapshot())[0].size == 2 * P);
+  CAPTURE(a.summary());
+  CHECK(contains(a.summary(), "1 range, " + depot::format_bytes(2 * P) + " mapped; 1 hole of " +
+                                  depot::format_bytes(5 * P) + " unmapped inside"));
   CHECK(check_bytes<D>(p1, P, 11, rng));
   CHECK(check_bytes<D>(p3, P, 33, rng));
 
