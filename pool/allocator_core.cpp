@@ -1588,6 +1588,24 @@ struct allocator_core::impl {
     }
   }
 
+  // Address a of segment s rounded up / down to a page boundary of s.
+  std::uintptr_t page_ceil(const segment& s, std::uintptr_t a) const noexcept
+  {
+    return s.addr + (a - s.addr + vm_page - 1) / vm_page * vm_page;
+  }
+  std::uintptr_t page_floor(const segment& s, std::uintptr_t a) const noexcept
+  {
+    return s.addr + (a - s.addr) / vm_page * vm_page;
+  }
+  // Drops the last block record of segment s (its predecessor becomes the last).
+  static void drop_last(stream_cache& c, segment* s) noexcept
+  {
+    block* t = s->last;
+    t->prev->next = nullptr;
+    s->last = t->prev;
+    c.recycle(t);
+  }
+
   static void hole_link(stream_cache& c, block* h) noexcept { hole_list::push_front(c.holes, h); }
   static void hole_unlink(stream_cache& c, block* h) noexcept { hole_list::unlink(c.holes, h); }
   // At least n spare block records, made now if need be; false when the heap has none.
@@ -1623,8 +1641,8 @@ struct allocator_core::impl {
   {
     block* after = b->next;
     const std::uintptr_t end = b->addr + b->size;
-    const std::uintptr_t lo = s->addr + (b->addr - s->addr + vm_page - 1) / vm_page * vm_page;
-    const std::uintptr_t hi = s->addr + (end - s->addr) / vm_page * vm_page;
+    const std::uintptr_t lo = page_ceil(*s, b->addr);
+    const std::uintptr_t hi = page_floor(*s, end);
     if (hi <= lo || !spare_records(c, 2)) return after;
     unindex(c, b);
     if (hi < end) index(c, link_after(c, b, hi, end - hi));  // the free part above
@@ -1673,9 +1691,7 @@ struct allocator_core::impl {
         s->unmapped -= t->size;
         s->size -= t->size;
         s->maps.resize(s->size / vm_page);
-        t->prev->next = nullptr;
-        s->last = t->prev;
-        c.recycle(t);
+        drop_last(c, s);
         continue;
       }
       if (t->state != block_state::free || s->exported) return;
@@ -1684,15 +1700,13 @@ struct allocator_core::impl {
         return;
       }
       const std::uintptr_t end = s->addr + s->size;
-      const std::uintptr_t cut = (t->addr - s->addr + vm_page - 1) / vm_page * vm_page + s->addr;
+      const std::uintptr_t cut = page_ceil(*s, t->addr);
       if (cut >= end) return;
       const std::size_t bytes = end - cut;
       unindex(c, t);
       const bool gone = cut == t->addr;
       if (gone) {
-        t->prev->next = nullptr;
-        s->last = t->prev;
-        c.recycle(t);
+        drop_last(c, s);
       } else {
         t->size -= bytes;
         index(c, t);
@@ -1724,30 +1738,18 @@ struct allocator_core::impl {
       const std::size_t need = count * vm_page;
       if (limit != k_unlimited && static_cast<std::size_t>(figures.total(q_reserved)) + need > limit) return {};
       if (!map_pages(*s, (h->addr - s->addr) / vm_page, count)) return {};
-      block* m = h;
+      hole_unlink(c, h);  // its mapped pages keep its record; the rest of the hole gets a new one
       if (count < pages) {
-        m = new_block(c);  // (the caller made one spare)
-        m->addr = h->addr;
-        m->size = need;
-        m->seg = s;
-        m->prev = p;
-        m->next = h;
-        if (p != nullptr) {
-          p->next = m;
-        } else {
-          s->head = m;
-        }
-        h->prev = m;
-        h->addr += need;
-        h->size -= need;
-      } else {
-        hole_unlink(c, h);
+        block* rest = link_after(c, h, h->addr + need, h->size - need);  // (the caller made one spare)
+        rest->state = k_unmapped;
+        hole_link(c, rest);
+        h->size = need;
       }
-      m->state = block_state::free;
+      h->state = block_state::free;
       s->unmapped -= need;
       c.delta.change_mapped(false, need, +1);
-      record(event_of(trace_kind::segment_map, m->addr, need, 0, c.stream));
-      block* b = m;  // merged with the free blocks beside it (not indexed)
+      record(event_of(trace_kind::segment_map, h->addr, need, 0, c.stream));
+      block* b = h;  // merged with the free blocks beside it (not indexed)
       if (below != 0) {
         unindex(c, p);
         absorb_next(c, p);
