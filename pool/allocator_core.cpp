@@ -159,6 +159,10 @@ struct segment {  // of the large pool, or of the small pool's linked part
   // (maps[i]: the handle of page i). 0 for an ordinary segment.
   std::size_t reserved = 0;
   std::vector<std::uint64_t> maps;
+  // Pages shared with other processes (ipc_export of a block on them): shared[i] is this
+  // process's file descriptor of page i's memory, -1 for none; closed when the page is
+  // unmapped. Empty until a block of the segment is exported.
+  std::vector<int> shared;
   std::size_t unmapped = 0;  // bytes of holes (k_unmapped blocks) below addr + size
   segment* lprev = nullptr;  // in the cache's segment list
   segment* lnext = nullptr;
@@ -1545,7 +1549,7 @@ struct allocator_core::impl {
 
   // A segment's memory back to the upstream: unmapped page by page (but for its holes) and
   // its addresses given back when expandable.
-  void give_back(const segment& s) noexcept
+  void give_back(segment& s) noexcept
   {
     if (s.reserved == 0) {
       up->deallocate(reinterpret_cast<void*>(s.addr), s.size);
@@ -1581,9 +1585,10 @@ struct allocator_core::impl {
       throw;
     }
   }
-  void unmap_pages(const segment& s, std::size_t from, std::size_t to) noexcept
+  void unmap_pages(segment& s, std::size_t from, std::size_t to) noexcept
   {
     for (std::size_t i = to; i-- > from;) {
+      if (i < s.shared.size() && s.shared[i] >= 0) ::close(std::exchange(s.shared[i], -1));
       up->vm_unmap(reinterpret_cast<void*>(s.addr + i * vm_page), vm_page, s.maps[i]);
     }
   }
@@ -2648,24 +2653,36 @@ ipc_handle allocator_core::ipc_export(void* ptr)
 {
   impl& m = *impl_;
   auto [b, lock] = m.lookup(ptr, m.hint_for(nullptr, false), false);
-  const std::uintptr_t base = b.large != nullptr ? b.large->seg->addr : b.seg->addr;
-  if (b.large != nullptr && b.large->seg->reserved != 0) {
-    throw error("depot: " + m.dev.to_string() + " caching allocator: ipc_export of " + hex(impl::address_of(b)) +
-                    ": the block lies in an expandable segment (memory mapped page by page), which "
-                    "cannot be shared with another process; allocate blocks to share from an "
-                    "allocator without expandable_segments",
-                "ipc_export", __FILE__, __LINE__, 0, "not_supported");
-  }
-  bool& exported = b.large != nullptr ? b.large->seg->exported : b.seg->exported;
   ipc_handle h;
-  h.memory = m.up->ipc_export(reinterpret_cast<void*>(base));  // throws: nothing changed
-  exported = true;
   h.device = m.dev;
   h.process = static_cast<std::uint64_t>(::getpid());
-  h.segment = base;
-  h.offset = impl::address_of(b) - base;
   h.size = impl::size_of(b);
   h.requested = impl::requested_of(b);
+  const std::uintptr_t addr = impl::address_of(b);
+  if (b.large != nullptr && b.large->seg->reserved != 0) {
+    // An expandable segment's block: a descriptor of each page it spans, made once per page
+    // and kept open while the page is mapped (a live block's pages always are). The
+    // importer's mapping holds the memory itself, so the segment is not pinned.
+    segment& s = *b.large->seg;
+    const std::size_t first = (addr - s.addr) / m.vm_page;
+    const std::size_t end = (m.page_ceil(s, addr + h.size) - s.addr) / m.vm_page;
+    if (s.shared.size() < end) s.shared.resize(end, -1);  // may throw: nothing exported yet
+    h.fds.reserve(end - first);
+    for (std::size_t i = first; i < end; ++i) {
+      if (s.shared[i] < 0) s.shared[i] = m.up->vm_export(s.maps[i]);  // throws: made ones kept
+      h.fds.push_back(s.shared[i]);
+    }
+    h.page = m.vm_page;
+    h.segment = s.addr + first * m.vm_page;
+    h.offset = addr - h.segment;
+    return h;
+  }
+  const std::uintptr_t base = b.large != nullptr ? b.large->seg->addr : b.seg->addr;
+  bool& exported = b.large != nullptr ? b.large->seg->exported : b.seg->exported;
+  h.memory = m.up->ipc_export(reinterpret_cast<void*>(base));  // throws: nothing changed
+  exported = true;
+  h.segment = base;
+  h.offset = addr - base;
   return h;
 }
 
@@ -2685,7 +2702,7 @@ allocator_snapshot allocator_core::snapshot() const
       si.address = s->addr;
       si.small_pool = s->small;
       si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
-      si.exported = s->exported;
+      si.exported = s->exported || std::any_of(s->shared.begin(), s->shared.end(), [](int fd) { return fd >= 0; });
       si.reserved = s->reserved;
       si.size = s->size - s->unmapped;  // mapped: holes' blocks (state unmapped) are not reserved
       for (const block* b = s->head; b != nullptr; b = b->next) {

@@ -1,26 +1,47 @@
 // SPDX-License-Identifier: Apache-2.0
 // Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#include <depot/hal/error.hpp>
 #include <depot/hal/expects.hpp>
 #include <depot/pool/ipc_handle.hpp>
 #include <depot/pool/ipc_mapping.hpp>
 
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <bit>
+#include <cerrno>
 
 #include <array>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 namespace depot {
 
 namespace {
 
-// The text layout: "dpt1", kind (1 byte), index (4), process, segment, offset, size,
-// requested (8 each), the backend handle (64); little-endian, as hex digits.
+// The text layouts, little-endian, as hex digits. Ordinary segments: "dpt1", kind (1 byte),
+// index (4), process, segment, offset, size, requested (8 each), the backend handle (64).
+// Expandable segments: "dpt2", kind, index, process, segment, offset, size, requested, page
+// (8 each), the number of pages (4), each page's descriptor (4 each).
 constexpr std::array<unsigned char, 4> k_magic{'d', 'p', 't', '1'};
+constexpr std::array<unsigned char, 4> k_magic_pages{'d', 'p', 't', '2'};
 constexpr std::size_t k_bytes = 4 + 1 + 4 + 5 * 8 + ipc_memory_handle::size;
 static_assert(ipc_handle::hex_length == 2 * k_bytes);
+// pidfd_open and pidfd_getfd (Linux 5.3 and 5.6): the same numbers on every architecture.
+#ifdef SYS_pidfd_open
+constexpr long k_sys_pidfd_open = SYS_pidfd_open;
+#else
+constexpr long k_sys_pidfd_open = 434;
+#endif
+#ifdef SYS_pidfd_getfd
+constexpr long k_sys_pidfd_getfd = SYS_pidfd_getfd;
+#else
+constexpr long k_sys_pidfd_getfd = 438;
+#endif
+constexpr std::size_t k_max_pages = std::size_t{1} << 24;  // 32 TiB of 2 MiB pages
 
 void put(std::string& out, std::uint64_t v, int bytes)
 {
@@ -47,10 +68,12 @@ struct segment_key {
   std::uint64_t process;
   std::uint64_t segment;
   ipc_memory_handle memory;
+  std::uint64_t page;
+  std::vector<std::int32_t> fds;
   friend bool operator<(const segment_key& a, const segment_key& b) noexcept
   {
-    return std::tie(a.device, a.process, a.segment, a.memory.bytes) <
-           std::tie(b.device, b.process, b.segment, b.memory.bytes);
+    return std::tie(a.device, a.process, a.segment, a.memory.bytes, a.page, a.fds) <
+           std::tie(b.device, b.process, b.segment, b.memory.bytes, b.page, b.fds);
   }
 };
 
@@ -75,32 +98,50 @@ std::map<segment_key, opened>& registry()
 std::string ipc_handle::to_hex() const
 {
   std::string out;
-  out.reserve(hex_length);
-  for (unsigned char c : k_magic) put(out, c, 1);
+  const bool pages = expandable();
+  out.reserve(pages ? expandable_hex_length(fds.size()) : hex_length);
+  for (unsigned char c : pages ? k_magic_pages : k_magic) put(out, c, 1);
   put(out, static_cast<std::uint64_t>(device.kind), 1);
   put(out, static_cast<std::uint32_t>(device.index), 4);
   for (std::uint64_t v : {process, segment, offset, size, requested}) put(out, v, 8);
-  for (unsigned char c : memory.bytes) put(out, c, 1);
+  if (!pages) {
+    for (unsigned char c : memory.bytes) put(out, c, 1);
+    return out;
+  }
+  put(out, page, 8);
+  put(out, fds.size(), 4);
+  for (std::int32_t fd : fds) put(out, static_cast<std::uint32_t>(fd), 4);
   return out;
 }
 
 ipc_handle ipc_handle::from_hex(std::string_view text)
 {
-  DEPOT_EXPECTS(text.size() == hex_length,
-                "depot: ipc_handle::from_hex: expected " + std::to_string(hex_length) +
-                    " hex digits (a handle's to_hex()), got " + std::to_string(text.size()) +
-                    " characters");
-  std::array<unsigned char, k_bytes> raw{};
-  for (std::size_t i = 0; i < k_bytes; ++i) {
+  const auto wrong_length = [&](const std::string& expected) {
+    return "depot: ipc_handle::from_hex: expected " + expected + ", got " + std::to_string(text.size()) +
+           " characters";
+  };
+  const std::string lengths = std::to_string(hex_length) +
+                              " hex digits (a handle's to_hex() of an ordinary segment's block) or " +
+                              std::to_string(expandable_hex_length(1)) + " + 8 per page beyond the first (of an "
+                              "expandable segment's block)";
+  DEPOT_EXPECTS(text.size() >= 8 && text.size() % 2 == 0, wrong_length(lengths));
+  std::vector<unsigned char> raw(text.size() / 2);
+  for (std::size_t i = 0; i < raw.size(); ++i) {
     const int hi = digit(text[2 * i]);
     const int lo = digit(text[2 * i + 1]);
     DEPOT_EXPECTS(hi >= 0 && lo >= 0, "depot: ipc_handle::from_hex: character " + std::to_string(hi < 0 ? 2 * i : 2 * i + 1) +
                                           " is not a hex digit");
     raw[i] = static_cast<unsigned char>(hi << 4 | lo);
   }
-  DEPOT_EXPECTS(std::memcmp(raw.data(), k_magic.data(), k_magic.size()) == 0,
+  const bool pages = std::memcmp(raw.data(), k_magic_pages.data(), k_magic_pages.size()) == 0;
+  DEPOT_EXPECTS(pages || std::memcmp(raw.data(), k_magic.data(), k_magic.size()) == 0,
                 "depot: ipc_handle::from_hex: not a depot IPC handle (it must start with the "
-                "hex of \"dpt1\", 64707431)");
+                "hex of \"dpt1\" or \"dpt2\", 64707431 or 64707432)");
+  if (pages) {
+    DEPOT_EXPECTS(raw.size() >= expandable_hex_length(0) / 2, wrong_length(lengths));
+  } else {
+    DEPOT_EXPECTS(text.size() == hex_length, wrong_length(lengths));
+  }
   std::size_t at = 4;
   auto get = [&](int bytes) {
     std::uint64_t v = 0;
@@ -123,7 +164,6 @@ ipc_handle ipc_handle::from_hex(std::string_view text)
   h.offset = get(8);
   h.size = get(8);
   h.requested = get(8);
-  std::memcpy(h.memory.bytes.data(), raw.data() + at, ipc_memory_handle::size);
   DEPOT_EXPECTS(h.size > 0 && h.requested > 0 && h.requested <= h.size,
                 "depot: ipc_handle::from_hex: requested " + std::to_string(h.requested) +
                     " and size " + std::to_string(h.size) + " bytes must satisfy 0 < requested <= size");
@@ -131,21 +171,108 @@ ipc_handle ipc_handle::from_hex(std::string_view text)
                 "depot: ipc_handle::from_hex: segment " + std::to_string(h.segment) + " + offset " +
                     std::to_string(h.offset) + " + size " + std::to_string(h.size) +
                     " overflows the address space");
+  if (!pages) {
+    std::memcpy(h.memory.bytes.data(), raw.data() + at, ipc_memory_handle::size);
+    return h;
+  }
+  h.page = get(8);
+  const std::uint64_t count = get(4);
+  DEPOT_EXPECTS(h.page != 0 && std::has_single_bit(h.page) && h.page <= (std::uint64_t{1} << 30),
+                "depot: ipc_handle::from_hex: page size " + std::to_string(h.page) +
+                    " must be a power of two in [1, 2^30]");
+  DEPOT_EXPECTS(count != 0 && count <= k_max_pages,
+                "depot: ipc_handle::from_hex: " + std::to_string(count) + " pages: must be 1 to " +
+                    std::to_string(k_max_pages));
+  DEPOT_EXPECTS(text.size() == expandable_hex_length(count),
+                wrong_length(std::to_string(expandable_hex_length(count)) + " hex digits for a handle of " +
+                             std::to_string(count) + " pages"));
+  DEPOT_EXPECTS(h.offset < h.page && h.offset + h.size <= count * h.page &&
+                    h.offset + h.size > (count - 1) * h.page,
+                "depot: ipc_handle::from_hex: a block of " + std::to_string(h.size) + " bytes at offset " +
+                    std::to_string(h.offset) + " does not span exactly " + std::to_string(count) + " pages of " +
+                    std::to_string(h.page) + " bytes");
+  h.fds.resize(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto fd = static_cast<std::uint32_t>(get(4));
+    DEPOT_EXPECTS(fd <= 0x7FFFFFFFU, "depot: ipc_handle::from_hex: page " + std::to_string(i) +
+                                         "'s file descriptor " + std::to_string(static_cast<std::int32_t>(fd)) +
+                                         " is negative");
+    h.fds[i] = static_cast<std::int32_t>(fd);
+  }
   return h;
 }
 
 namespace detail {
 
-void* ipc_attach(const ipc_handle& h, void* (*open)(const ipc_memory_handle&, int))
+namespace {
+
+segment_key key_of(const ipc_handle& h) { return {h.device, h.process, h.segment, h.memory, h.page, h.fds}; }
+
+// Descriptors of this process for the exporter's page descriptors of `h` (pidfd_getfd).
+// Throws depot::error naming the exporter, the descriptor and what would let it through;
+// nothing stays open then.
+std::vector<int> take_descriptors(const ipc_handle& h)
+{
+  const auto fail = [&](const std::string& what, int code) {
+    const int e = code;
+    std::string why = std::strerror(e);
+    if (e == EPERM || e == EACCES) {
+      why += "; this process must be allowed to ptrace the exporter (the same user, and with "
+             "Yama's ptrace_scope 1 the exporter's ancestor, or named by the exporter's "
+             "prctl(PR_SET_PTRACER)), and the system call must not be filtered (seccomp)";
+    } else if (e == ESRCH) {
+      why += "; the exporting process has exited";
+    } else if (e == EBADF) {
+      why += "; the exporter no longer holds it (was the block freed and its pages unmapped?)";
+    } else if (e == ENOSYS) {
+      why += "; Linux 5.6 or newer is needed";
+    }
+    throw error("depot: ipc_mapping of a block of an expandable segment of process " + std::to_string(h.process) +
+                    ": " + what + ": " + why,
+                "pidfd_getfd", __FILE__, __LINE__, e, "ipc");
+  };
+  DEPOT_EXPECTS(h.process <= 0x7FFFFFFFU && h.process != 0,
+                "depot: ipc_mapping: process id " + std::to_string(h.process) + " is out of range [1, 2^31)");
+  const long pidfd = ::syscall(k_sys_pidfd_open, static_cast<pid_t>(h.process), 0);
+  if (pidfd < 0) fail("could not open the process (pidfd_open)", errno);
+  std::vector<int> fds;
+  fds.reserve(h.fds.size());
+  for (std::int32_t remote : h.fds) {
+    const long fd = ::syscall(k_sys_pidfd_getfd, static_cast<int>(pidfd), remote, 0);
+    if (fd < 0) {
+      const int e = errno;
+      for (int f : fds) ::close(f);
+      ::close(static_cast<int>(pidfd));
+      fail("could not take its file descriptor " + std::to_string(remote), e);
+    }
+    fds.push_back(static_cast<int>(fd));
+  }
+  ::close(static_cast<int>(pidfd));
+  return fds;
+}
+
+}  // namespace
+
+void* ipc_attach(const ipc_handle& h, const ipc_backend& backend)
 {
   if (h.process == process_id()) return reinterpret_cast<void*>(static_cast<std::uintptr_t>(h.segment));
   std::lock_guard g{registry_mutex()};
   auto& r = registry();
-  const segment_key key{h.device, h.process, h.segment, h.memory};
-  auto [it, fresh] = r.try_emplace(key);  // may throw std::bad_alloc: nothing opened yet
+  auto [it, fresh] = r.try_emplace(key_of(h));  // may throw std::bad_alloc: nothing opened yet
   if (fresh) {
     try {
-      it->second.base = open(h.memory, h.device.index);
+      if (!h.expandable()) {
+        it->second.base = backend.open(h.memory, h.device.index);
+      } else {
+        const std::vector<int> fds = take_descriptors(h);
+        try {
+          it->second.base = backend.open_pages(fds.data(), fds.size(), static_cast<std::size_t>(h.page), h.device.index);
+        } catch (...) {
+          for (int f : fds) ::close(f);
+          throw;
+        }
+        for (int f : fds) ::close(f);  // the mapping holds the memory
+      }
     } catch (...) {
       r.erase(it);
       throw;
@@ -155,15 +282,19 @@ void* ipc_attach(const ipc_handle& h, void* (*open)(const ipc_memory_handle&, in
   return it->second.base;
 }
 
-void ipc_detach(const ipc_handle& h, void (*close)(void*, int) noexcept) noexcept
+void ipc_detach(const ipc_handle& h, const ipc_backend& backend) noexcept
 {
   if (h.process == process_id()) return;
   std::lock_guard g{registry_mutex()};
   auto& r = registry();
-  auto it = r.find(segment_key{h.device, h.process, h.segment, h.memory});
+  auto it = r.find(key_of(h));
   if (it == r.end()) return;
   if (--it->second.users == 0) {
-    close(it->second.base, h.device.index);
+    if (h.expandable()) {
+      backend.close_pages(it->second.base, h.fds.size(), static_cast<std::size_t>(h.page), h.device.index);
+    } else {
+      backend.close(it->second.base, h.device.index);
+    }
     r.erase(it);
   }
 }

@@ -22,7 +22,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -126,6 +128,22 @@ class limiting_upstream final : public depot::upstream_resource {
     --c_->reservations;
     inner_.vm_release(addr, bytes);
   }
+  // Sharing pages: with stand_in_exports, each export is a new descriptor of /dev/null (so
+  // the allocator's bookkeeping of page descriptors runs on any backend); exports_left
+  // limits how many succeed.
+  int vm_export(std::uint64_t h) override
+  {
+    if (!stand_in_exports) return inner_.vm_export(h);
+    if (exports_left == 0) throw depot::error("test: export refused", "vm_export", __FILE__, __LINE__, 1, "test");
+    --exports_left;
+    const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    exported.push_back(fd);
+    return fd;
+  }
+  bool stand_in_exports = false;
+  int exports_left = -1;     // < 0: no limit
+  std::vector<int> exported;  // every descriptor vm_export gave (the allocator closes them)
   bool vm = true;                     // false: as an upstream that cannot map memory
   bool fail_maps_with_error = false;  // vm_map throws depot::error (not out of memory)
   bool fail_reserve = false;          // vm_reserve finds no addresses
@@ -600,6 +618,9 @@ int run_ipc_child(const std::string& handle, int expect, int next)
   std::string x = std::to_string(next);
   std::string h = handle;
   char* args[] = {const_cast<char*>(child.c_str()), h.data(), e.data(), x.data(), nullptr};
+  // The child takes an expandable segment's page descriptors from this process (pidfd_getfd):
+  // where Yama's ptrace_scope is 1 a child may do so only when named (EINVAL without Yama).
+  (void)::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   pid_t pid = 0;
   REQUIRE(::posix_spawn(&pid, child.c_str(), nullptr, nullptr, args, environ) == 0);
   int status = 0;
@@ -671,6 +692,47 @@ TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TE
                          depot::invalid_argument);
   }
   {
+    // A block of an expandable segment: its pages' descriptors instead of a backend handle.
+    depot::ipc_handle x = made;
+    x.memory = {};
+    x.page = 2 * MiB;
+    x.offset = 2 * MiB - 512;  // 512 bytes on the first page, 1 MiB on the second, then 2 more pages
+    x.size = 512 + 5 * MiB;
+    x.fds = {7, 8, 9, 0x7FFFFFFF};
+    const std::string xt = x.to_hex();
+    CHECK(xt.size() == depot::ipc_handle::expandable_hex_length(4));
+    CHECK(xt.substr(0, 8) == "64707432");  // "dpt2"
+    CHECK(depot::ipc_handle::from_hex(xt) == x);
+    CHECK(depot::ipc_handle::from_hex(xt).expandable());
+    CHECK_FALSE(made.expandable());
+    CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(xt + "00000000"),
+                         doctest::Contains("hex digits for a handle of 4 pages"), depot::invalid_argument);
+    CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(xt.substr(0, xt.size() - 8)),
+                         doctest::Contains("hex digits for a handle of 4 pages"), depot::invalid_argument);
+    CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(xt.substr(0, 100)),  // cut inside the header
+                         doctest::Contains("expected 226 hex digits"), depot::invalid_argument);
+    const auto bad = [&](auto change, const char* says) {
+      depot::ipc_handle y = x;
+      change(y);
+      CAPTURE(says);
+      CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(y.to_hex()), doctest::Contains(says),
+                           depot::invalid_argument);
+    };
+    bad([](depot::ipc_handle& y) { y.page = 3 * MiB; }, "must be a power of two");
+    bad([](depot::ipc_handle& y) { y.page = std::uint64_t{1} << 31; }, "must be a power of two in [1, 2^30]");
+    bad([](depot::ipc_handle& y) { y.fds.clear(); }, "0 pages: must be 1 to");
+    bad([](depot::ipc_handle& y) { y.fds.push_back(10); }, "does not span exactly 5 pages");  // a page too many
+    bad([](depot::ipc_handle& y) { y.fds.pop_back(); }, "does not span exactly 3 pages");     // one too few
+    bad([](depot::ipc_handle& y) { y.offset = 2 * MiB; }, "does not span exactly");            // offset past a page
+    bad([](depot::ipc_handle& y) { y.fds[2] = -1; }, "page 2's file descriptor -1 is negative");
+    bad([](depot::ipc_handle& y) { y.requested = y.size + 1; }, "0 < requested <= size");
+    // The same fields with the other magic are an ordinary handle of the wrong length.
+    std::string as_ordinary = xt;
+    as_ordinary.replace(6, 2, "31");
+    CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(as_ordinary), doctest::Contains("expected 226 hex digits"),
+                         depot::invalid_argument);
+  }
+  {
     depot::ipc_handle other = made;  // a handle of another backend
     other.device.kind = D::kind == depot::device_kind::cuda ? depot::device_kind::hip : depot::device_kind::cuda;
     CHECK_THROWS_WITH_AS(depot::ipc_mapping<D>{other}, doctest::Contains("open it with ipc_mapping<"),
@@ -731,6 +793,104 @@ TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TE
     CHECK(nlohmann::json::parse(snap.to_json())["segments"][0]["exported"] == true);
     check_invariants(a);
     CHECK(a.stats().allocated_bytes.all.current == 0);
+    return;
+  }
+  for (void* p : keep) a.deallocate(p);
+  for (auto [p, n] : blocks) a.deallocate(p);
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+}
+
+namespace {
+std::size_t open_descriptors()
+{
+  std::size_t n = 0;
+  for (int fd = 0; fd < 4096; ++fd) n += ::fcntl(fd, F_GETFD) != -1 ? 1 : 0;
+  return n;
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("pool: blocks of expandable segments shared with another process (IPC)", D, DEPOT_TEST_DEVICES)
+{
+  depot::allocator_config cfg;
+  cfg.expandable_segments = true;
+  depot::caching_allocator<D> a{0, cfg};
+  const std::size_t page = a.expandable_page();
+  if (page == 0) {  // a GPU without virtual memory management: ordinary segments (tested above)
+    MESSAGE("device 0 cannot map memory: no expandable segments to share");
+    return;
+  }
+  // Blocks after a neighbour of their size, so they start inside a page and span parts of
+  // several: 6 MiB + 5 and 12 MiB + 5 (4 and 7 pages of 2 MiB), and 3 MiB.
+  std::vector<void*> keep;
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  for (std::size_t n : {6 * MiB + 5, 12 * MiB + 5, 3 * MiB}) {
+    keep.push_back(a.allocate(n));
+    blocks.emplace_back(a.allocate(n), n);
+    depot::runtime<D>::set_async(blocks.back().first, 0, n, nullptr);
+  }
+  depot::runtime<D>::synchronize(0);
+  const std::size_t descriptors = open_descriptors();  // the backend's own opened by now
+  for (const auto& seg : a.snapshot().segments) REQUIRE(seg.reserved != 0);  // all in one expandable range
+
+  if constexpr (!depot::runtime<D>::has_ipc) {
+    for (auto [p, n] : blocks) {
+      CHECK_THROWS_WITH_AS(std::ignore = a.ipc_export(p), doctest::Contains("cannot share memory with another process"),
+                           depot::error);
+    }
+    for (const auto& seg : a.snapshot().segments) CHECK_FALSE(seg.exported);
+    depot::ipc_handle h;
+    h.device = depot::device_id::of<D>(0);
+    h.process = 1;
+    h.segment = 1 << 21;
+    h.size = h.requested = 1024;
+    h.page = 2 * MiB;
+    h.fds = {3};
+    CHECK_THROWS_WITH_AS(depot::ipc_mapping<D>{h}, doctest::Contains("cannot share memory"), depot::error);
+  } else {
+    int value = 31;
+    for (auto [p, n] : blocks) {
+      CAPTURE(n);
+      depot::runtime<D>::set_async(p, value, n, nullptr);
+      depot::runtime<D>::synchronize(0);
+      const depot::ipc_handle h = a.ipc_export(p);
+      const auto at = reinterpret_cast<std::uintptr_t>(p);
+      CHECK(h.expandable());
+      CHECK(h.page == page);
+      CHECK(h.segment % page == 0);
+      CHECK(h.segment + h.offset == at);
+      CHECK(h.offset < page);
+      CHECK(h.fds.size() == (h.offset + h.size + page - 1) / page);
+      CHECK(h.requested == n);
+      CHECK(depot::ipc_handle::from_hex(h.to_hex()) == h);
+      CHECK(a.ipc_export(p) == h);  // one descriptor per page, made once
+      {
+        depot::ipc_mapping<D> self{h};
+        CHECK(self.get() == p);
+      }
+      CHECK(run_ipc_child(h.to_hex(), value, value + 1) == 0);
+      std::vector<unsigned char> back(n);
+      depot::runtime<D>::copy(back.data(), p, n);
+      CHECK(std::count(back.begin(), back.end(), static_cast<unsigned char>(value + 1)) ==
+            static_cast<std::ptrdiff_t>(n));
+      CHECK(run_ipc_child(h.to_hex(), value, 0) == 1);  // the child sees the bytes are no longer `value`
+      value += 10;
+    }
+    bool exported = false;
+    for (const auto& seg : a.snapshot().segments) exported = exported || seg.exported;
+    CHECK(exported);
+    CHECK(open_descriptors() > descriptors);
+    check_invariants(a);
+    // Not pinned: once the blocks are freed, empty_cache unmaps their pages and closes the
+    // descriptors; a handle of them then opens nothing.
+    const std::string stale = a.ipc_export(blocks[1].first).to_hex();
+    for (void* p : keep) a.deallocate(p);
+    for (auto [p, n] : blocks) a.deallocate(p);
+    a.empty_cache();
+    CHECK(a.stats().reserved_bytes.all.current == 0);
+    CHECK(a.snapshot().segments.empty());
+    CHECK(open_descriptors() == descriptors);
+    CHECK(run_ipc_child(stale, 41, 0) == 1);
     return;
   }
   for (void* p : keep) a.deallocate(p);
@@ -1936,6 +2096,92 @@ depot::allocator_config expandable_config()
 
 }  // namespace
 
+// The allocator's side of sharing blocks of expandable segments, on every backend: one
+// descriptor per page a block spans, made once and closed when the page is unmapped; the
+// range is not pinned; a refused export keeps what it made until the pages go.
+TEST_CASE_TEMPLATE("pool: page descriptors of exported expandable blocks", D, DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  auto owned = std::make_unique<limiting_upstream<D>>(std::size_t{1} << 40, counters);
+  limiting_upstream<D>& up = *owned;
+  up.stand_in_exports = true;
+  const auto is_open = [](int fd) { return ::fcntl(fd, F_GETFD) != -1; };
+  {
+    depot::caching_allocator<D> a{std::move(owned), expandable_config<D>()};
+    const std::size_t page = a.expandable_page();
+    REQUIRE(page != 0);
+    void* p1 = a.allocate(3 * page + 512);  // pages 0-3
+    void* p2 = a.allocate(page);            // 3 * page + 512 on: pages 3-4
+    void* p3 = a.allocate(2 * page);        // pages 4-6
+    const auto base = reinterpret_cast<std::uintptr_t>(p1);
+    REQUIRE(base % page == 0);
+    CHECK_FALSE(large_segments(a.snapshot())[0].exported);
+
+    const depot::ipc_handle h2 = a.ipc_export(p2);
+    CHECK(h2.expandable());
+    CHECK(h2.page == page);
+    CHECK(h2.segment == base + 3 * page);
+    CHECK(h2.offset == 512);
+    CHECK(h2.fds == std::vector<std::int32_t>(up.exported.begin(), up.exported.end()));
+    REQUIRE(h2.fds.size() == 2);
+    CHECK(large_segments(a.snapshot())[0].exported);
+    // p1 shares page 3 with p2: its descriptor is reused, pages 0-2 get new ones.
+    const depot::ipc_handle h1 = a.ipc_export(p1);
+    CHECK(h1.segment == base);
+    CHECK(h1.offset == 0);
+    REQUIRE(h1.fds.size() == 4);
+    CHECK(h1.fds[3] == h2.fds[0]);
+    CHECK(up.exported.size() == 5);
+    CHECK(a.ipc_export(p1) == h1);  // nothing new
+    CHECK(up.exported.size() == 5);
+    // Refused half way through p3's pages (4 has one, 5 gets one, 6 is refused): the
+    // export throws, what was made stays with the pages.
+    up.exports_left = 1;
+    CHECK_THROWS_WITH_AS(std::ignore = a.ipc_export(p3), doctest::Contains("export refused"), depot::error);
+    CHECK(up.exported.size() == 6);
+    up.exports_left = -1;
+    const depot::ipc_handle h3 = a.ipc_export(p3);
+    REQUIRE(h3.fds.size() == 3);
+    CHECK(h3.fds[0] == h2.fds[1]);
+    CHECK(h3.fds[1] == up.exported[5]);
+    CHECK(up.exported.size() == 7);
+    for (int fd : up.exported) CHECK(is_open(fd));
+    check_invariants(a);
+
+    // Not pinned: p1 freed, empty_cache unmaps pages 0-2 (a hole) and closes their
+    // descriptors; page 3 (p2 lives on it) keeps its own.
+    a.deallocate(p1);
+    a.empty_cache();
+    check_invariants(a);
+    for (std::size_t i = 0; i < 3; ++i) CHECK_FALSE(is_open(h1.fds[i]));
+    CHECK(is_open(h1.fds[3]));
+    CHECK(large_segments(a.snapshot())[0].exported);
+    // Mapped back later, the pages are new memory: a new export makes new descriptors.
+    void* again = a.allocate(3 * page);
+    CHECK(reinterpret_cast<std::uintptr_t>(again) == base);
+    const std::size_t before = up.exported.size();
+    const depot::ipc_handle h4 = a.ipc_export(again);
+    CHECK(up.exported.size() == before + 3);
+    REQUIRE(h4.fds.size() == 4);  // 512 bytes beyond 3 pages stay with the block (too small to split off)
+    CHECK(h4.fds[3] == h2.fds[0]);
+    a.deallocate(again);
+    a.deallocate(p2);
+    a.deallocate(p3);
+    a.empty_cache();
+    CHECK(a.snapshot().segments.empty());
+    CHECK(counters->reservations.load() == 0);
+    for (int fd : up.exported) CHECK_FALSE(is_open(fd));
+    // Blocks alive when the allocator goes: their descriptors close with it.
+    void* last = a.allocate(page);
+    const depot::ipc_handle h5 = a.ipc_export(last);
+    REQUIRE(h5.fds.size() == 1);
+    CHECK(is_open(h5.fds[0]));
+    up.exported.assign(h5.fds.begin(), h5.fds.end());
+  }
+  for (int fd : up.exported) CHECK_FALSE(is_open(fd));
+  CHECK(counters->outstanding.load() == 0);
+}
+
 TEST_CASE_TEMPLATE("pool: expandable segments grow one address range and unmap its free end", D,
                    DEPOT_TEST_DEVICES)
 {
@@ -2032,13 +2278,17 @@ TEST_CASE_TEMPLATE("pool: expandable segments grow one address range and unmap i
     const auto snap = nlohmann::json::parse(a.snapshot().to_json());
     CHECK(snap["segments"][0]["reserved_addresses"] == seg.reserved);
 
-    // Blocks of an expandable segment cannot be shared with another process.
-    try {
-      (void)a.ipc_export(p1);
-      FAIL("ipc_export of a block of an expandable segment succeeded");
-    } catch (const depot::error& e) {
-      CHECK(contains(e.what(), "expandable segment"));
+    // The host backend cannot share pages with another process: the export is refused and
+    // nothing changes (exporting: the IPC tests, and page descriptors above).
+    if constexpr (!depot::runtime<D>::has_ipc) {
+      try {
+        (void)a.ipc_export(p1);
+        FAIL("ipc_export of a block of a host expandable segment succeeded");
+      } catch (const depot::error& e) {
+        CHECK(contains(e.what(), "cannot share memory with another process"));
+      }
     }
+    for (const auto& sg : a.snapshot().segments) CHECK_FALSE(sg.exported);
 
     // All free: the whole range goes back.
     a.deallocate(p1, s);

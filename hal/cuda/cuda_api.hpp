@@ -4,6 +4,7 @@
 
 // The CUDA name table for the shared GPU implementation. The only header that includes
 // CUDA's runtime API; included only by files in hal/cuda/.
+#include <atomic>
 #include <cuda.h>  // driver types of the virtual-memory calls (taken through cudart's entry points)
 #include <cuda_runtime_api.h>
 
@@ -70,6 +71,8 @@ struct cuda_api {
     decltype(&::cuMemMap) map = nullptr;
     decltype(&::cuMemUnmap) unmap = nullptr;
     decltype(&::cuMemSetAccess) set_access = nullptr;
+    decltype(&::cuMemExportToShareableHandle) export_fd = nullptr;  // optional: sharing pages
+    decltype(&::cuMemImportFromShareableHandle) import_fd = nullptr;
     bool found = false;
   };
   static const vm_driver& driver()
@@ -95,6 +98,10 @@ struct cuda_api {
                 get("cuMemAddressReserve", v.reserve) && get("cuMemAddressFree", v.free_address) &&
                 get("cuMemCreate", v.create) && get("cuMemRelease", v.release) && get("cuMemMap", v.map) &&
                 get("cuMemUnmap", v.unmap) && get("cuMemSetAccess", v.set_access);
+      if (!get("cuMemExportToShareableHandle", v.export_fd) || !get("cuMemImportFromShareableHandle", v.import_fd)) {
+        v.export_fd = nullptr;
+        v.import_fd = nullptr;
+      }
       return v;
     }();
     return d;
@@ -131,10 +138,32 @@ struct cuda_api {
   {
     return static_cast<error_t>(driver().free_address(reinterpret_cast<CUdeviceptr>(p), n));
   }
+  // Pages are made exportable as POSIX file descriptors (as PyTorch's expandable segments);
+  // where the driver refuses that (no such handle type), plain pages, which vm_export then
+  // refuses. The first refusal is remembered.
   static error_t vm_create(vm_handle_t* h, std::size_t n, int device)
   {
-    const CUmemAllocationProp p = vm_prop(device);
+    static std::atomic<bool> shareable{true};
+    CUmemAllocationProp p = vm_prop(device);
+    if (shareable.load(std::memory_order_relaxed) && driver().export_fd != nullptr) {
+      p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+      const CUresult r = driver().create(h, n, &p, 0);
+      if (r != CUDA_ERROR_INVALID_VALUE && r != CUDA_ERROR_NOT_SUPPORTED) return static_cast<error_t>(r);
+      shareable.store(false, std::memory_order_relaxed);
+      p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    }
     return static_cast<error_t>(driver().create(h, n, &p, 0));
+  }
+  static error_t vm_export(int* fd, vm_handle_t h)
+  {
+    if (driver().export_fd == nullptr) return cudaErrorNotSupported;
+    return static_cast<error_t>(driver().export_fd(fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  }
+  static error_t vm_import(vm_handle_t* h, int fd)
+  {
+    if (driver().import_fd == nullptr) return cudaErrorNotSupported;
+    return static_cast<error_t>(driver().import_fd(h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
   }
   static error_t vm_release_handle(vm_handle_t h) { return static_cast<error_t>(driver().release(h)); }
   static error_t vm_map(void* p, std::size_t n, vm_handle_t h)

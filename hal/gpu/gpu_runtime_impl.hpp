@@ -540,6 +540,70 @@ void gpu_runtime<Api>::vm_release(void* addr, std::size_t bytes, int device) noe
 }
 
 template <class Api>
+int gpu_runtime<Api>::vm_export(std::uint64_t handle, int device)
+{
+  check_device(device);
+  detail::scoped_device<Api> on{device};
+  detail::bind_context<Api>();
+  int fd = -1;
+  DEPOT_GPU_TRY(Api::vm_export(&fd, Api::vm_handle(handle)));
+  return fd;
+}
+
+template <class Api>
+void* gpu_runtime<Api>::vm_import(const int* fds, std::size_t count, std::size_t page, int device)
+{
+  check_device(device);
+  DEPOT_EXPECTS(fds != nullptr && count != 0 && page != 0 && count <= (std::size_t{1} << 46) / page,
+                "depot: vm_import of " + std::to_string(count) + " pages of " + std::to_string(page) +
+                    " bytes: needs 1 to 2^46 bytes of pages and their descriptors");
+  const std::size_t ours = vm_page(device);
+  DEPOT_EXPECTS(ours != 0 && page % ours == 0,
+                "depot: vm_import of " + std::to_string(page) + "-byte pages: device " + std::to_string(device) +
+                    (ours == 0 ? std::string{" cannot map memory (no virtual memory management)"}
+                               : " maps in multiples of " + std::to_string(ours) + " bytes"));
+  void* base = vm_reserve(count * page, device);
+  detail::scoped_device<Api> on{device};
+  auto* const b = static_cast<unsigned char*>(base);
+  std::size_t mapped = 0;
+  const auto undo = [&]() noexcept {
+    for (std::size_t i = 0; i < mapped; ++i) (void)Api::vm_unmap(b + i * page, page);
+    (void)Api::vm_free_address(base, count * page);
+    (void)Api::get_last_error();
+  };
+  for (; mapped < count; ++mapped) {
+    typename Api::vm_handle_t h{};
+    auto status = Api::vm_import(&h, fds[mapped]);
+    if (status == Api::success) {
+      status = Api::vm_map(b + mapped * page, page, h);
+      (void)Api::vm_release_handle(h);  // the mapping keeps the memory
+    }
+    if (status != Api::success) {
+      undo();
+      DEPOT_GPU_TRY(status);
+    }
+  }
+  if (const auto status = Api::vm_set_access(base, count * page, device); status != Api::success) {
+    undo();
+    DEPOT_GPU_TRY(status);
+  }
+  return base;
+}
+
+template <class Api>
+void gpu_runtime<Api>::vm_close_import(void* addr, std::size_t count, std::size_t page, int device) noexcept
+{
+  auto* const b = static_cast<unsigned char*>(addr);
+  for (std::size_t i = 0; i < count; ++i) {
+    detail::release_on<Api>(device, [b, i, page] {
+      detail::bind_context<Api>();
+      return Api::vm_unmap(b + i * page, page);
+    });
+  }
+  vm_release(addr, count * page, device);
+}
+
+template <class Api>
 native_stream gpu_runtime<Api>::create_stream(int device)
 {
   check_device(device);

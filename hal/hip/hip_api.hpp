@@ -14,6 +14,7 @@
 
 #include "../gpu/gpu_api_table.hpp"
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -78,10 +79,29 @@ struct hip_api {
     return hipMemAddressReserve(p, n, align, nullptr, 0);
   }
   static error_t vm_free_address(void* p, std::size_t n) { return hipMemAddressFree(p, n); }
+  // Pages are made exportable as POSIX file descriptors; where the runtime refuses that,
+  // plain pages, which vm_export then refuses. The first refusal is remembered.
   static error_t vm_create(vm_handle_t* h, std::size_t n, int device)
   {
-    const hipMemAllocationProp p = vm_prop(device);
+    static std::atomic<bool> shareable{true};
+    hipMemAllocationProp p = vm_prop(device);
+    if (shareable.load(std::memory_order_relaxed)) {
+      p.requestedHandleType = hipMemHandleTypePosixFileDescriptor;
+      const hipError_t r = hipMemCreate(h, n, &p, 0);
+      if (r != hipErrorInvalidValue && r != hipErrorNotSupported) return r;
+      shareable.store(false, std::memory_order_relaxed);
+      p.requestedHandleType = hipMemHandleTypeNone;
+    }
     return hipMemCreate(h, n, &p, 0);
+  }
+  static error_t vm_export(int* fd, vm_handle_t h)
+  {
+    return hipMemExportToShareableHandle(fd, h, hipMemHandleTypePosixFileDescriptor, 0);
+  }
+  static error_t vm_import(vm_handle_t* h, int fd)
+  {
+    return hipMemImportFromShareableHandle(h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                                           hipMemHandleTypePosixFileDescriptor);
   }
   static error_t vm_release_handle(vm_handle_t h) { return hipMemRelease(h); }
   static error_t vm_map(void* p, std::size_t n, vm_handle_t h) { return hipMemMap(p, n, 0, h, 0); }

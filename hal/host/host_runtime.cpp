@@ -207,6 +207,20 @@ void* host_runtime::ipc_open(const ipc_memory_handle&, int device)
 
 void host_runtime::ipc_close(void*, int) noexcept {}
 
+int host_runtime::vm_export(std::uint64_t, int device)
+{
+  check_device(device);
+  no_host_ipc("vm_export");
+}
+
+void* host_runtime::vm_import(const int*, std::size_t, std::size_t, int device)
+{
+  check_device(device);
+  no_host_ipc("vm_import");
+}
+
+void host_runtime::vm_close_import(void*, std::size_t, std::size_t, int) noexcept {}
+
 // ---- virtual memory: addresses reserved inaccessible, pages made anonymous memory -------------
 
 namespace {

@@ -82,6 +82,11 @@ class device_upstream final : public upstream_resource {
     runtime<D>::vm_unmap(addr, bytes, handle, device_);
   }
   void vm_release(void* addr, std::size_t bytes) noexcept override { runtime<D>::vm_release(addr, bytes, device_); }
+  [[nodiscard]] int vm_export(std::uint64_t handle) override
+  {
+    if (pinned_) return upstream_resource::vm_export(handle);
+    return runtime<D>::vm_export(handle, device_);
+  }
 
  private:
   int device_;

@@ -14,12 +14,21 @@
 namespace depot {
 
 namespace detail {
-// The base in this process of the segment of `h`, opened with `open` the first time and
-// counted; ipc_detach closes it with `close` when the last mapping of it goes. A handle
-// exported by this process maps to the segment itself (backends refuse to open their own).
-// Thread-safe. Both throw nothing but what `open` throws.
-void* ipc_attach(const ipc_handle& h, void* (*open)(const ipc_memory_handle&, int));
-void ipc_detach(const ipc_handle& h, void (*close)(void*, int) noexcept) noexcept;
+// How a backend opens and closes what an ipc_handle names: a segment's backend handle, or
+// pages given by file descriptors (expandable segments).
+struct ipc_backend {
+  void* (*open)(const ipc_memory_handle&, int device);
+  void (*close)(void*, int device) noexcept;
+  void* (*open_pages)(const int* fds, std::size_t count, std::size_t page, int device);
+  void (*close_pages)(void*, std::size_t count, std::size_t page, int device) noexcept;
+};
+// The base in this process of what `h` names (its segment, or for a block of an expandable
+// segment the pages it spans, taken from the exporter with pidfd_getfd), opened the first
+// time and counted; ipc_detach closes it when the last mapping of it goes. A handle
+// exported by this process maps to the memory itself (backends refuse to open their own).
+// Thread-safe. Both throw nothing but what opening throws.
+void* ipc_attach(const ipc_handle& h, const ipc_backend& backend);
+void ipc_detach(const ipc_handle& h, const ipc_backend& backend) noexcept;
 }  // namespace detail
 
 // Another process's block, opened from its ipc_handle: get() is the block in this process,
@@ -39,7 +48,9 @@ class ipc_mapping {
                       h.device.to_string() + ": open it with ipc_mapping<" +
                       std::string{to_string(h.device.kind)} + ">");
     runtime<D>::check_device(h.device.index);
-    base_ = static_cast<unsigned char*>(detail::ipc_attach(h, &open));
+    // A backend without interprocess memory says so before anything is taken from the exporter.
+    if constexpr (!runtime<D>::has_ipc) (void)runtime<D>::ipc_open(h.memory, h.device.index);
+    base_ = static_cast<unsigned char*>(detail::ipc_attach(h, k_backend));
   }
   ipc_mapping(ipc_mapping&& o) noexcept : handle_{o.handle_}, base_{std::exchange(o.base_, nullptr)} {}
   ipc_mapping& operator=(ipc_mapping&& o) noexcept
@@ -63,9 +74,18 @@ class ipc_mapping {
  private:
   static void* open(const ipc_memory_handle& m, int device) { return runtime<D>::ipc_open(m, device); }
   static void close(void* p, int device) noexcept { runtime<D>::ipc_close(p, device); }
+  static void* open_pages(const int* fds, std::size_t count, std::size_t page, int device)
+  {
+    return runtime<D>::vm_import(fds, count, page, device);
+  }
+  static void close_pages(void* p, std::size_t count, std::size_t page, int device) noexcept
+  {
+    runtime<D>::vm_close_import(p, count, page, device);
+  }
+  static constexpr detail::ipc_backend k_backend{&open, &close, &open_pages, &close_pages};
   void reset() noexcept
   {
-    if (base_ != nullptr) detail::ipc_detach(handle_, &close);
+    if (base_ != nullptr) detail::ipc_detach(handle_, k_backend);
     base_ = nullptr;
   }
 

@@ -68,6 +68,15 @@ class upstream_resource {
     (void)addr;
     (void)bytes;
   }
+  // A new file descriptor of this process for one vm_map's memory (its handle), which another
+  // process can take (pidfd_getfd) and map; the caller closes it. By default, and for
+  // upstreams whose memory is process-private, throws depot::error saying so.
+  [[nodiscard]] virtual int vm_export(std::uint64_t handle)
+  {
+    (void)handle;
+    throw_not_supported("vm_export", "this upstream's memory cannot be shared with another process (only "
+                                     "CUDA and HIP device memory can)");
+  }
   // The interprocess handle of a segment (a pointer allocate() returned). By default, and
   // for upstreams whose memory is process-private, throws depot::error saying so.
   [[nodiscard]] virtual ipc_memory_handle ipc_export(void* segment)

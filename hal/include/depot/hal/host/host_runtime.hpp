@@ -58,6 +58,9 @@ class host_runtime {
   static std::uint64_t vm_map(void* addr, std::size_t bytes, int device);
   static void vm_unmap(void* addr, std::size_t bytes, std::uint64_t handle, int device) noexcept;
   static void vm_release(void* addr, std::size_t bytes, int device) noexcept;
+  static int vm_export(std::uint64_t handle, int device);
+  static void* vm_import(const int* fds, std::size_t count, std::size_t page, int device);
+  static void vm_close_import(void* addr, std::size_t count, std::size_t page, int device) noexcept;
 
   static native_stream create_stream(int device);
   static void destroy_stream(native_stream stream, int device) noexcept;
