@@ -2106,6 +2106,7 @@ TEST_CASE_TEMPLATE("pool: page descriptors of exported expandable blocks", D, DE
   limiting_upstream<D>& up = *owned;
   up.stand_in_exports = true;
   const auto is_open = [](int fd) { return ::fcntl(fd, F_GETFD) != -1; };
+  std::vector<int> at_destruction;  // descriptors of blocks alive when the allocator goes
   {
     depot::caching_allocator<D> a{std::move(owned), expandable_config<D>()};
     const std::size_t page = a.expandable_page();
@@ -2176,9 +2177,9 @@ TEST_CASE_TEMPLATE("pool: page descriptors of exported expandable blocks", D, DE
     const depot::ipc_handle h5 = a.ipc_export(last);
     REQUIRE(h5.fds.size() == 1);
     CHECK(is_open(h5.fds[0]));
-    up.exported.assign(h5.fds.begin(), h5.fds.end());
+    at_destruction.assign(h5.fds.begin(), h5.fds.end());
   }
-  for (int fd : up.exported) CHECK_FALSE(is_open(fd));
+  for (int fd : at_destruction) CHECK_FALSE(is_open(fd));
   CHECK(counters->outstanding.load() == 0);
 }
 

@@ -12,6 +12,8 @@
 #include <depot/hal/gpu/gpu_runtime.hpp>
 #include <depot/hal/out_of_memory.hpp>
 
+#include <fcntl.h>
+
 #include <cstring>
 #include <string>
 
@@ -547,6 +549,7 @@ int gpu_runtime<Api>::vm_export(std::uint64_t handle, int device)
   detail::bind_context<Api>();
   int fd = -1;
   DEPOT_GPU_TRY(Api::vm_export(&fd, Api::vm_handle(handle)));
+  (void)::fcntl(fd, F_SETFD, FD_CLOEXEC);  // not inherited by programs this process runs
   return fd;
 }
 
@@ -564,6 +567,7 @@ void* gpu_runtime<Api>::vm_import(const int* fds, std::size_t count, std::size_t
                                : " maps in multiples of " + std::to_string(ours) + " bytes"));
   void* base = vm_reserve(count * page, device);
   detail::scoped_device<Api> on{device};
+  detail::bind_context<Api>();
   auto* const b = static_cast<unsigned char*>(base);
   std::size_t mapped = 0;
   const auto undo = [&]() noexcept {

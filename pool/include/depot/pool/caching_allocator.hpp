@@ -72,11 +72,13 @@ class caching_allocator {
   // Declares that work on `stream` uses the block; its reuse waits for that work.
   void record_stream(void* ptr, stream_ref<D> stream) { core_.record_stream(ptr, stream.native()); }
   // Makes the live block at `ptr` (a pointer allocate() returned) openable by other
-  // processes on this machine (depot::ipc_mapping<D>), as PyTorch shares CUDA tensors. Its
-  // segment is then kept until this allocator is destroyed (empty_cache() leaves it), so a
-  // mapping never outlives the memory; the block itself is reused after deallocate as usual,
-  // so keep it allocated while others use it. depot::invalid_argument for a pointer that is
-  // not a live block here; depot::error on the host backend, which cannot share memory.
+  // processes on this machine (depot::ipc_mapping<D>), as PyTorch shares CUDA tensors. An
+  // ordinary segment is then kept until this allocator is destroyed (empty_cache() leaves
+  // it), so a mapping never outlives the memory; a block of an expandable segment is shared
+  // by its pages' file descriptors (kept open while the pages are mapped), and a mapping
+  // holds those pages itself. The block is reused after deallocate as usual, so keep it
+  // allocated while others use it. depot::invalid_argument for a pointer that is not a live
+  // block here; depot::error on the host backend, which cannot share memory.
   [[nodiscard]] ipc_handle ipc_export(void* ptr) { return core_.ipc_export(ptr); }
 
   [[nodiscard]] memory_stats stats() const { return core_.stats(); }
