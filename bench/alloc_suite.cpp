@@ -335,13 +335,60 @@ void alloc_growth(int device, nlohmann::json& growing)
   }
 }
 
+// What an expandable segment's miss pays to map pages: 32 pages (64 MiB of 2 MiB pages)
+// mapped with one vm_map per page (memory, mapping and access per page) against one
+// vm_map_pages call (access set once for the run), then unmapped; median of 7 of each,
+// alternating. Nothing when the device cannot map memory.
 template <device D>
-void alloc_all(const options& opts, int device, nlohmann::json& rows, nlohmann::json& growing)
+void alloc_map_pages(int device, nlohmann::json& maps)
+{
+  using rt = runtime<D>;
+  const std::size_t page = rt::vm_page(device);
+  if (page == 0) return;
+  constexpr std::size_t count = 32;
+  void* base = rt::vm_reserve(count * page, device);
+  auto* const b = static_cast<unsigned char*>(base);
+  std::uint64_t handles[count];
+  std::vector<double> each;
+  std::vector<double> once;
+  const auto unmap_all = [&] {
+    for (std::size_t i = count; i-- > 0;) rt::vm_unmap(b + i * page, page, handles[i], device);
+  };
+  for (int r = 0; r < 7; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < count; ++i) handles[i] = rt::vm_map(b + i * page, page, device);
+    each.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    unmap_all();
+    t0 = std::chrono::steady_clock::now();
+    rt::vm_map_pages(b, page, count, handles, device);
+    once.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    unmap_all();
+  }
+  rt::vm_release(base, count * page, device);
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double per_page = median(each);
+  const double batched = median(once);
+  std::printf("\n%s:%d  mapping %zu pages of %zu KiB (an expandable segment's miss), median of 7: one call per page "
+              "%.3f ms, one call for all %.3f ms (ratio %.2f)\n",
+              std::string{D::name}.c_str(), device, count, page >> 10, per_page, batched, per_page / batched);
+  maps.push_back({{"device", std::string{D::name} + ":" + std::to_string(device)},
+                  {"pages", count},
+                  {"page_bytes", page},
+                  {"per_page_ms", per_page},
+                  {"one_call_ms", batched}});
+}
+
+template <device D>
+void alloc_all(const options& opts, int device, nlohmann::json& rows, nlohmann::json& growing, nlohmann::json& maps)
 {
   alloc_device<D>(opts, device, rows);
   const auto& only = opts.alloc_only;
   if (only.empty() || std::find(only.begin(), only.end(), "depot-expandable") != only.end()) {
     alloc_growth<D>(device, growing);
+    alloc_map_pages<D>(device, maps);
   }
 }
 
@@ -359,14 +406,15 @@ nlohmann::json run_alloc(const options& opts)
   }
   nlohmann::json rows = nlohmann::json::array();
   nlohmann::json growing = nlohmann::json::array();  // the growing-requests workload
-  if (opts.device == "all" || opts.device == "host") alloc_all<host>(opts, 0, rows, growing);
+  nlohmann::json maps = nlohmann::json::array();     // mapping pages: per page against one call
+  if (opts.device == "all" || opts.device == "host") alloc_all<host>(opts, 0, rows, growing, maps);
 #if DEPOT_HAS_CUDA
-  if ((opts.device == "all" || opts.device == "cuda") && device_count<cuda>() > 0) alloc_all<cuda>(opts, 0, rows, growing);
+  if ((opts.device == "all" || opts.device == "cuda") && device_count<cuda>() > 0) alloc_all<cuda>(opts, 0, rows, growing, maps);
 #endif
 #if DEPOT_HAS_HIP
-  if ((opts.device == "all" || opts.device == "hip") && device_count<hip>() > 0) alloc_all<hip>(opts, 0, rows, growing);
+  if ((opts.device == "all" || opts.device == "hip") && device_count<hip>() > 0) alloc_all<hip>(opts, 0, rows, growing, maps);
 #endif
-  return nlohmann::json{{"suite", "alloc"}, {"seed", opts.seed}, {"rows", rows}, {"growing", growing}};
+  return nlohmann::json{{"suite", "alloc"}, {"seed", opts.seed}, {"rows", rows}, {"growing", growing}, {"map_pages", maps}};
 }
 
 }  // namespace depot::bench

@@ -24,7 +24,9 @@ gr={x['allocator']: x for x in a['growing'] if x['device']=='host:0'}; assert se
 o, e = gr['depot'], gr['depot-expandable']; assert o['peak_allocated'] > 0 and e['peak_allocated'] > 0, gr; \
 assert e['peak_reserved'] == e['peak_allocated'] and o['peak_reserved'] > 2 * o['peak_allocated'], gr; \
 assert e['segments_peak'] == 1, gr; \
-assert 4 << 20 <= e['kept_reserved_after_empty_cache'] <= 6 << 20 < o['kept_reserved_after_empty_cache'], gr"
+assert 4 << 20 <= e['kept_reserved_after_empty_cache'] <= 6 << 20 < o['kept_reserved_after_empty_cache'], gr; \
+m=[x for x in a['map_pages'] if x['device']=='host:0']; assert len(m)==1 and m[0]['pages']==32, a['map_pages']; \
+assert m[0]['page_bytes']==2 << 20 and m[0]['per_page_ms'] > 0 and m[0]['one_call_ms'] > 0, m"
 
 "$bench" info --device host --size 1MiB --repetitions 2 > "$tmp/out" 2>&1
 check test $? -eq 0

@@ -1566,23 +1566,16 @@ struct allocator_core::impl {
     unmap_pages(s, (run - s.addr) / vm_page, s.size / vm_page);
     up->vm_release(reinterpret_cast<void*>(s.addr), s.reserved);
   }
-  // Maps pages [first, first + count) of expandable segment s (its maps sized for them):
-  // true; out of memory, the pages it mapped are unmapped again and it is false; any other
-  // error unmaps them too and propagates.
+  // Maps pages [first, first + count) of expandable segment s (its maps sized for them), in
+  // one upstream call: true; out of memory, nothing is mapped and it is false; any other
+  // error maps nothing either and propagates.
   bool map_pages(segment& s, std::size_t first, std::size_t count)
   {
-    std::size_t done = 0;
     try {
-      for (; done < count; ++done) {
-        s.maps[first + done] = up->vm_map(reinterpret_cast<void*>(s.addr + (first + done) * vm_page), vm_page);
-      }
+      up->vm_map_pages(reinterpret_cast<void*>(s.addr + first * vm_page), vm_page, count, s.maps.data() + first);
       return true;
     } catch (const out_of_memory&) {
-      unmap_pages(s, first, first + done);
       return false;
-    } catch (...) {
-      unmap_pages(s, first, first + done);
-      throw;
     }
   }
   void unmap_pages(segment& s, std::size_t from, std::size_t to) noexcept

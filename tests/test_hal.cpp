@@ -14,6 +14,7 @@
 #include <depot/hal/runtime.hpp>
 #include <depot/hal/stream.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -469,6 +470,29 @@ TEST_CASE_TEMPLATE("hal: virtual memory reserves, maps page by page, unmaps and 
   unsigned char probe = 0;
   rt::copy(&probe, b + 3 * page - 1, 1);
   CHECK(probe == 0x7E);
+  // Four pages at once (pages 3-6), each its own mapping: data across all of them, then the
+  // second of them unmapped alone while its neighbours keep their bytes.
+  std::uint64_t run[4] = {};
+  rt::vm_map_pages(b + 3 * page, page, 4, run, 0);
+  std::vector<unsigned char> more(4 * page);
+  for (auto& x : more) x = static_cast<unsigned char>(rng());
+  rt::copy(b + 3 * page, more.data(), more.size());
+  std::vector<unsigned char> more_back(more.size(), 0);
+  rt::copy(more_back.data(), b + 2 * page, page);  // the page before the run: still 0x7E
+  CHECK(std::count(more_back.begin(), more_back.begin() + static_cast<std::ptrdiff_t>(page), 0x7E) ==
+        static_cast<std::ptrdiff_t>(page));
+  rt::copy(more_back.data(), b + 3 * page, more.size());
+  CHECK(more_back == more);
+  rt::vm_unmap(b + 4 * page, page, run[1], 0);
+  std::fill(more_back.begin(), more_back.end(), 0);
+  rt::copy(more_back.data(), b + 3 * page, page);
+  rt::copy(more_back.data() + 2 * page, b + 5 * page, 2 * page);
+  CHECK(std::memcmp(more_back.data(), more.data(), page) == 0);
+  CHECK(std::memcmp(more_back.data() + 2 * page, more.data() + 2 * page, 2 * page) == 0);
+  for (std::size_t i : {3U, 2U, 0U}) rt::vm_unmap(b + (3 + i) * page, page, run[i], 0);
+  CHECK_THROWS_AS(rt::vm_map_pages(b, page, 0, run, 0), depot::invalid_argument);
+  CHECK_THROWS_AS(rt::vm_map_pages(b, page, 1, nullptr, 0), depot::invalid_argument);
+  CHECK_THROWS_AS(rt::vm_map_pages(b, page, 1, run, rt::device_count()), depot::invalid_argument);
   for (std::size_t i = handles.size(); i-- > 0;) rt::vm_unmap(b + i * page, page, handles[i], 0);
   rt::vm_release(base, span, 0);
   // Bad input: sizes that are not whole pages, and bad device indices.

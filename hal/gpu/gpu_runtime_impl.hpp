@@ -493,18 +493,18 @@ void* gpu_runtime<Api>::vm_reserve(std::size_t bytes, int device)
   return p;
 }
 
+namespace detail {
+// New physical memory of `bytes` mapped at addr (the device current, its context bound),
+// not yet accessible: its handle. Out of memory is depot::out_of_memory; nothing is left
+// made or mapped on any error.
 template <class Api>
-std::uint64_t gpu_runtime<Api>::vm_map(void* addr, std::size_t bytes, int device)
+typename Api::vm_handle_t vm_create_mapped(void* addr, std::size_t bytes, int device)
 {
-  check_device(device);
-  DEPOT_EXPECTS(addr != nullptr && bytes != 0, "depot: vm_map of a null address or of 0 bytes");
-  detail::scoped_device<Api> on{device};
-  detail::bind_context<Api>();
   typename Api::vm_handle_t h{};
   if (const auto status = Api::vm_create(&h, bytes, device); status != Api::success) {
     (void)Api::get_last_error();
     if (status != Api::memory_allocation) DEPOT_GPU_TRY(status);
-    const std::string state = detail::device_state<Api>();
+    const std::string state = device_state<Api>();
     const device_id id{Api::kind, device};
     throw out_of_memory("depot: " + id.to_string() + " out of memory: could not create " + format_bytes(bytes) +
                             " of physical memory to map; the device has " + state,
@@ -514,12 +514,58 @@ std::uint64_t gpu_runtime<Api>::vm_map(void* addr, std::size_t bytes, int device
     (void)Api::vm_release_handle(h);
     DEPOT_GPU_TRY(status);
   }
+  return h;
+}
+}  // namespace detail
+
+template <class Api>
+std::uint64_t gpu_runtime<Api>::vm_map(void* addr, std::size_t bytes, int device)
+{
+  check_device(device);
+  DEPOT_EXPECTS(addr != nullptr && bytes != 0, "depot: vm_map of a null address or of 0 bytes");
+  detail::scoped_device<Api> on{device};
+  detail::bind_context<Api>();
+  const auto h = detail::vm_create_mapped<Api>(addr, bytes, device);
   if (const auto status = Api::vm_set_access(addr, bytes, device); status != Api::success) {
     (void)Api::vm_unmap(addr, bytes);
     (void)Api::vm_release_handle(h);
     DEPOT_GPU_TRY(status);
   }
   return Api::vm_bits(h);
+}
+
+// Each page made and mapped, then one access call for the whole run (the slowest of the
+// three driver calls, made once instead of per page).
+template <class Api>
+void gpu_runtime<Api>::vm_map_pages(void* addr, std::size_t page, std::size_t count, std::uint64_t* handles,
+                                    int device)
+{
+  check_device(device);
+  DEPOT_EXPECTS(addr != nullptr && handles != nullptr && count != 0 && page != 0 &&
+                    count <= (std::size_t{1} << 46) / page,
+                "depot: vm_map_pages of " + std::to_string(count) + " pages of " + std::to_string(page) +
+                    " bytes: needs an address, 1 to 2^46 bytes of pages and room for their handles");
+  detail::scoped_device<Api> on{device};
+  detail::bind_context<Api>();
+  auto* const b = static_cast<unsigned char*>(addr);
+  std::size_t done = 0;
+  const auto undo = [&]() noexcept {
+    for (std::size_t i = done; i-- > 0;) {
+      (void)Api::vm_unmap(b + i * page, page);
+      (void)Api::vm_release_handle(Api::vm_handle(handles[i]));
+    }
+    (void)Api::get_last_error();
+  };
+  try {
+    for (; done < count; ++done) handles[done] = Api::vm_bits(detail::vm_create_mapped<Api>(b + done * page, page, device));
+  } catch (...) {
+    undo();
+    throw;
+  }
+  if (const auto status = Api::vm_set_access(addr, page * count, device); status != Api::success) {
+    undo();
+    DEPOT_GPU_TRY(status);
+  }
 }
 
 template <class Api>

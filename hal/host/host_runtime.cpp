@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -280,6 +281,16 @@ std::uint64_t host_runtime::vm_map(void* addr, std::size_t bytes, int device)
                         bytes, id);
   }
   return 0;
+}
+
+void host_runtime::vm_map_pages(void* addr, std::size_t page, std::size_t count, std::uint64_t* handles, int device)
+{
+  DEPOT_EXPECTS(handles != nullptr && count != 0 && page != 0 && count <= (std::size_t{1} << 46) / page,
+                "depot: host vm_map_pages of " + std::to_string(count) + " pages of " + std::to_string(page) +
+                    " bytes: needs 1 to 2^46 bytes of pages and room for their handles");
+  check_vm_range(addr, page, "vm_map_pages");
+  (void)vm_map(addr, page * count, device);  // one mapping; pages unmap on their own
+  std::fill_n(handles, count, std::uint64_t{0});
 }
 
 void host_runtime::vm_unmap(void* addr, std::size_t bytes, std::uint64_t, int) noexcept

@@ -32,6 +32,8 @@ namespace depot::hal {
 // reservation, readable and writable by device d, and returns the handle vm_unmap takes
 // (depot::out_of_memory when the device has no room, nothing mapped); vm_unmap unmaps and
 // frees exactly one vm_map's range; vm_release gives back a reservation with nothing mapped.
+// vm_map_pages maps `count` pages of `page` bytes from an address, each its own memory (one
+// vm_unmap each, with handles[i]), at once: all of them, or none and the error.
 // Sharing mapped pages (has_ipc backends): vm_export gives a new file descriptor of this
 // process for one vm_map's memory (the caller closes it); vm_import maps `count` pages whose
 // descriptors (this process's, still the caller's to close) are given, contiguously at new
@@ -40,7 +42,7 @@ namespace depot::hal {
 template <class R>
 concept backend_runtime = requires(void* p, const void* cp, std::size_t n, int d, native_stream s,
                                    native_event e, bool b, const ipc_memory_handle& h,
-                                   std::uint64_t u, const int* fds) {
+                                   std::uint64_t u, std::uint64_t* us, const int* fds) {
   { R::has_ipc } -> std::convertible_to<bool>;
   { R::ipc_export(p, d) } -> std::same_as<ipc_memory_handle>;
   { R::ipc_open(h, d) } -> std::same_as<void*>;
@@ -49,6 +51,7 @@ concept backend_runtime = requires(void* p, const void* cp, std::size_t n, int d
   { R::vm_reserve(n, d) } -> std::same_as<void*>;
   { R::vm_map(p, n, d) } -> std::same_as<std::uint64_t>;
   { R::vm_unmap(p, n, u, d) } noexcept -> std::same_as<void>;
+  { R::vm_map_pages(p, n, n, us, d) } -> std::same_as<void>;
   { R::vm_release(p, n, d) } noexcept -> std::same_as<void>;
   { R::vm_export(u, d) } -> std::same_as<int>;
   { R::vm_import(fds, n, n, d) } -> std::same_as<void*>;

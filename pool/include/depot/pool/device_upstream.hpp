@@ -77,6 +77,11 @@ class device_upstream final : public upstream_resource {
     if (pinned_) return upstream_resource::vm_map(addr, bytes);
     return runtime<D>::vm_map(addr, bytes, device_);
   }
+  void vm_map_pages(void* addr, std::size_t page, std::size_t count, std::uint64_t* handles) override
+  {
+    if (pinned_) return upstream_resource::vm_map_pages(addr, page, count, handles);
+    runtime<D>::vm_map_pages(addr, page, count, handles, device_);
+  }
   void vm_unmap(void* addr, std::size_t bytes, std::uint64_t handle) noexcept override
   {
     runtime<D>::vm_unmap(addr, bytes, handle, device_);

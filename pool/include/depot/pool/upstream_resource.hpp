@@ -57,6 +57,19 @@ class upstream_resource {
     (void)bytes;
     throw_not_supported("vm_map", k_no_vm);
   }
+  // `count` pages of `page` bytes from addr, each its own vm_map (handles[i] for its
+  // vm_unmap), all or none: by default one vm_map per page, undone on an error.
+  virtual void vm_map_pages(void* addr, std::size_t page, std::size_t count, std::uint64_t* handles)
+  {
+    auto* const b = static_cast<unsigned char*>(addr);
+    std::size_t done = 0;
+    try {
+      for (; done < count; ++done) handles[done] = vm_map(b + done * page, page);
+    } catch (...) {
+      while (done-- > 0) vm_unmap(b + done * page, page, handles[done]);
+      throw;
+    }
+  }
   virtual void vm_unmap(void* addr, std::size_t bytes, std::uint64_t handle) noexcept
   {
     (void)addr;

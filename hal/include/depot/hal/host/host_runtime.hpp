@@ -57,6 +57,7 @@ class host_runtime {
   static void* vm_reserve(std::size_t bytes, int device);
   static std::uint64_t vm_map(void* addr, std::size_t bytes, int device);
   static void vm_unmap(void* addr, std::size_t bytes, std::uint64_t handle, int device) noexcept;
+  static void vm_map_pages(void* addr, std::size_t page, std::size_t count, std::uint64_t* handles, int device);
   static void vm_release(void* addr, std::size_t bytes, int device) noexcept;
   static int vm_export(std::uint64_t handle, int device);
   static void* vm_import(const int* fds, std::size_t count, std::size_t page, int device);
