@@ -577,11 +577,20 @@ def check_hover(br, model, ck, what, columns_at=[0.5] + [k / 40 for k in range(4
     missing = [e for e in expect if e not in text]
     ck(not missing, what + ': the tooltip names allocation #%d of the trace (column %d, rows %d-%d of %d bands): %s%s'
        % (i, c, r0, r1, nbands, ' | '.join(expect), '' if not missing else ' -- missing %s in %r' % (missing, text)))
-    # what is drawn there: the pixel under the mouse has this allocation's colour
-    px = png_decode(br.screenshot({'x': math.floor(x), 'y': math.floor(y), 'width': 1, 'height': 1}))[2][0][0]
+    # what is drawn there: the pixel under the mouse has this allocation's colour. Up to three
+    # screenshots 0.1 s apart: one CI run sampled another colour once (the tooltip right), as
+    # if the screenshot had caught a frame not yet composited; a wrong drawing fails all three.
     want = model.colour(i)
+    seen = []
+    for attempt in range(3):
+        px = png_decode(br.screenshot({'x': math.floor(x), 'y': math.floor(y), 'width': 1, 'height': 1}))[2][0][0]
+        seen.append('rgb%s' % (px,))
+        if all(abs(p - q) <= 3 for p, q in zip(px, want)):
+            break
+        time.sleep(0.1)
     ck(all(abs(p - q) <= 3 for p, q in zip(px, want)),
-       what + ': the screen pixel under the mouse has the allocation\'s colour (rgb%s, expected rgb%s)' % (px, want))
+       what + ': the screen pixel under the mouse has the allocation\'s colour (%s, expected rgb%s)'
+       % (' then '.join(seen), want))
     return x, y
 
 
