@@ -24,6 +24,8 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -897,6 +899,128 @@ TEST_CASE_TEMPLATE("pool: blocks of expandable segments shared with another proc
   for (auto [p, n] : blocks) a.deallocate(p);
   a.empty_cache();
   CHECK(a.stats().reserved_bytes.all.current == 0);
+}
+
+namespace {
+// A stand-in backend for the importer's side of sharing expandable blocks, on any machine:
+// "pages" are memfd files of another process, mapped contiguously with mmap.
+struct fake_pages {
+  static inline int opens = 0;
+  static inline int closes = 0;
+  static inline bool refuse = false;
+  static void* open_pages(const int* fds, std::size_t count, std::size_t page, int)
+  {
+    if (refuse) throw depot::error("test: pages refused", "open_pages", __FILE__, __LINE__, 1, "test");
+    void* base = ::mmap(nullptr, count * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(base != MAP_FAILED);
+    for (std::size_t i = 0; i < count; ++i) {
+      REQUIRE(::mmap(static_cast<char*>(base) + i * page, page, PROT_READ, MAP_SHARED | MAP_FIXED, fds[i], 0) !=
+              MAP_FAILED);
+    }
+    ++opens;
+    return base;
+  }
+  static void close_pages(void* p, std::size_t count, std::size_t page, int) noexcept
+  {
+    ::munmap(p, count * page);
+    ++closes;
+  }
+  static void* open(const depot::ipc_memory_handle&, int) { throw std::logic_error("not an ordinary handle"); }
+  static void close(void*, int) noexcept {}
+  static constexpr depot::detail::ipc_backend backend{&open, &close, &open_pages, &close_pages};
+};
+}  // namespace
+
+// The importer's side of a block of an expandable segment, without a GPU: the page
+// descriptors are taken from another process (pidfd_getfd), handed to the backend, closed
+// after; mappings counted; what the exporter no longer has, or an exporter that has exited,
+// is a clear error that leaves nothing open.
+TEST_CASE("pool: an expandable block's pages taken from another process (importer side)")
+{
+  constexpr std::size_t page = 64 * KiB;
+  int to_parent[2];
+  int to_child[2];
+  REQUIRE(::pipe(to_parent) == 0);
+  REQUIRE(::pipe(to_child) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // the exporter: three pages of bytes 1, 2, 3, held until told to go
+    // (system calls only: another thread may have held the heap's lock at the fork)
+    static unsigned char bytes[page];
+    int fds[3];
+    for (int i = 0; i < 3; ++i) {
+      fds[i] = static_cast<int>(::syscall(SYS_memfd_create, "depot-test-page", 0));
+      if (fds[i] < 0 || ::ftruncate(fds[i], page) != 0) ::_exit(2);
+      std::memset(bytes, i + 1, page);
+      if (::pwrite(fds[i], bytes, page, 0) != static_cast<ssize_t>(page)) ::_exit(3);
+    }
+    if (::write(to_parent[1], fds, sizeof fds) != static_cast<ssize_t>(sizeof fds)) ::_exit(4);
+    char c;
+    (void)::read(to_child[0], &c, 1);
+    ::_exit(0);
+  }
+  int remote[3];
+  REQUIRE(::read(to_parent[0], remote, sizeof remote) == static_cast<ssize_t>(sizeof remote));
+  depot::ipc_handle h;
+  h.device = depot::device_id{depot::device_kind::cuda, 0};
+  h.process = static_cast<std::uint64_t>(child);
+  h.segment = std::uint64_t{1} << 30;
+  h.page = page;
+  h.offset = 100;
+  h.size = h.requested = 3 * page - 200;
+  h.fds = {remote[0], remote[1], remote[2]};
+  REQUIRE(depot::ipc_handle::from_hex(h.to_hex()) == h);
+  const auto& fake = fake_pages::backend;
+  const std::size_t descriptors = open_descriptors();
+  fake_pages::opens = fake_pages::closes = 0;
+  {
+    void* a = depot::detail::ipc_attach(h, fake);
+    void* b = depot::detail::ipc_attach(h, fake);  // one mapping, counted
+    CHECK(a == b);
+    CHECK(fake_pages::opens == 1);
+    CHECK(open_descriptors() == descriptors);  // the taken descriptors closed after mapping
+    const auto* bytes = static_cast<const unsigned char*>(a);
+    for (std::size_t i = 0; i < 3; ++i) {
+      CHECK(bytes[i * page] == i + 1);
+      CHECK(bytes[i * page + page - 1] == i + 1);
+    }
+    depot::detail::ipc_detach(h, fake);
+    CHECK(fake_pages::closes == 0);
+    depot::detail::ipc_detach(h, fake);
+    CHECK(fake_pages::closes == 1);
+  }
+  // A descriptor the exporter does not hold: refused, naming it, nothing left open.
+  depot::ipc_handle gone = h;
+  gone.fds[1] = 1000;
+  try {
+    (void)depot::detail::ipc_attach(gone, fake);
+    FAIL("a descriptor the exporter does not hold was taken");
+  } catch (const depot::error& e) {
+    CAPTURE(e.what());
+    CHECK(contains(e.what(), "could not take its file descriptor 1000"));
+    CHECK(contains(e.what(), "the exporter no longer holds it"));
+    CHECK(contains(e.what(), "process " + std::to_string(child)));
+  }
+  CHECK(open_descriptors() == descriptors);
+  // The backend refusing: the taken descriptors are closed, and the next attach tries again.
+  fake_pages::refuse = true;
+  CHECK_THROWS_WITH_AS((void)depot::detail::ipc_attach(h, fake), doctest::Contains("pages refused"), depot::error);
+  fake_pages::refuse = false;
+  CHECK(open_descriptors() == descriptors);
+  void* again = depot::detail::ipc_attach(h, fake);
+  CHECK(fake_pages::opens == 2);
+  CHECK(static_cast<const unsigned char*>(again)[2 * page] == 3);
+  depot::detail::ipc_detach(h, fake);
+  // The exporter gone: refused as such.
+  REQUIRE(::write(to_child[1], "x", 1) == 1);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  CHECK_THROWS_WITH_AS((void)depot::detail::ipc_attach(h, fake), doctest::Contains("the exporting process has exited"),
+                       depot::error);
+  CHECK(open_descriptors() == descriptors);
+  CHECK(fake_pages::closes == 2);
+  for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) ::close(fd);
 }
 
 TEST_CASE_TEMPLATE("pool: a block used on another stream waits for it before reuse", D,
