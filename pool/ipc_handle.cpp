@@ -213,8 +213,7 @@ segment_key key_of(const ipc_handle& h) { return {h.device, h.process, h.segment
 // nothing stays open then.
 std::vector<int> take_descriptors(const ipc_handle& h)
 {
-  const auto fail = [&](const std::string& what, int code) {
-    const int e = code;
+  const auto fail = [&](const std::string& what, int e) {
     std::string why = std::strerror(e);
     if (e == EPERM || e == EACCES) {
       why += "; this process must be allowed to ptrace the exporter (the same user, and with "
@@ -233,10 +232,10 @@ std::vector<int> take_descriptors(const ipc_handle& h)
   };
   DEPOT_EXPECTS(h.process <= 0x7FFFFFFFU && h.process != 0,
                 "depot: ipc_mapping: process id " + std::to_string(h.process) + " is out of range [1, 2^31)");
+  std::vector<int> fds;
+  fds.reserve(h.fds.size());  // may throw: nothing open yet
   const long pidfd = ::syscall(k_sys_pidfd_open, static_cast<pid_t>(h.process), 0);
   if (pidfd < 0) fail("could not open the process (pidfd_open)", errno);
-  std::vector<int> fds;
-  fds.reserve(h.fds.size());
   for (std::int32_t remote : h.fds) {
     const long fd = ::syscall(k_sys_pidfd_getfd, static_cast<int>(pidfd), remote, 0);
     if (fd < 0) {
