@@ -630,6 +630,34 @@ int run_ipc_child(const std::string& handle, int expect, int next)
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// Block p (n bytes, all `value`) exported as h: this process's own handle maps to the block
+// itself; a child process sees `value` in every byte and sets them to value + 1, which this
+// process then reads; a second child, expecting `value`, fails.
+template <depot::device D>
+void check_shared_with_child(void* p, std::size_t n, const depot::ipc_handle& h, int value)
+{
+  {
+    depot::ipc_mapping<D> self{h};
+    CHECK(self.get() == p);
+    CHECK(self.size() == h.size);
+  }
+  CHECK(run_ipc_child(h.to_hex(), value, value + 1) == 0);
+  std::vector<unsigned char> back(n);
+  depot::runtime<D>::copy(back.data(), p, n);
+  CHECK(std::count(back.begin(), back.end(), static_cast<unsigned char>(value + 1)) == static_cast<std::ptrdiff_t>(n));
+  CHECK(run_ipc_child(h.to_hex(), value, 0) == 1);  // the child sees the bytes are no longer `value`
+}
+
+// Frees the IPC tests' blocks and empties the cache.
+template <depot::device D>
+void free_all(depot::caching_allocator<D>& a, const std::vector<void*>& keep,
+              const std::vector<std::pair<void*, std::size_t>>& blocks)
+{
+  for (void* p : keep) a.deallocate(p);
+  for (auto [p, n] : blocks) a.deallocate(p);
+  a.empty_cache();
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TEST_DEVICES)
@@ -768,23 +796,12 @@ TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TE
       CHECK(h.size % 512 == 0);
       CHECK(depot::ipc_handle::from_hex(h.to_hex()) == h);
       exported_segments.insert(h.segment);
-      {
-        depot::ipc_mapping<D> self{h};  // this process's own handle maps to the block itself
-        CHECK(self.get() == p);
-        CHECK(self.size() == h.size);
-      }
-      CHECK(run_ipc_child(h.to_hex(), value, value + 1) == 0);
-      std::vector<unsigned char> back(n);
-      depot::runtime<D>::copy(back.data(), p, n);
-      CHECK(std::count(back.begin(), back.end(), static_cast<unsigned char>(value + 1)) == static_cast<std::ptrdiff_t>(n));
-      CHECK(run_ipc_child(h.to_hex(), value, 0) == 1);  // the child sees the bytes are no longer `value`
+      check_shared_with_child<D>(p, n, h, value);
       value += 10;
     }
     check_invariants(a);
     // Exported segments stay reserved through empty_cache until the allocator goes.
-    for (void* p : keep) a.deallocate(p);
-    for (auto [p, n] : blocks) a.deallocate(p);
-    a.empty_cache();
+    free_all(a, keep, blocks);
     const auto snap = a.snapshot();
     std::set<std::uint64_t> kept;
     for (const auto& seg : snap.segments) {
@@ -797,9 +814,7 @@ TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TE
     CHECK(a.stats().allocated_bytes.all.current == 0);
     return;
   }
-  for (void* p : keep) a.deallocate(p);
-  for (auto [p, n] : blocks) a.deallocate(p);
-  a.empty_cache();
+  free_all(a, keep, blocks);
   CHECK(a.stats().reserved_bytes.all.current == 0);
 }
 
@@ -866,16 +881,7 @@ TEST_CASE_TEMPLATE("pool: blocks of expandable segments shared with another proc
       CHECK(h.requested == n);
       CHECK(depot::ipc_handle::from_hex(h.to_hex()) == h);
       CHECK(a.ipc_export(p) == h);  // one descriptor per page, made once
-      {
-        depot::ipc_mapping<D> self{h};
-        CHECK(self.get() == p);
-      }
-      CHECK(run_ipc_child(h.to_hex(), value, value + 1) == 0);
-      std::vector<unsigned char> back(n);
-      depot::runtime<D>::copy(back.data(), p, n);
-      CHECK(std::count(back.begin(), back.end(), static_cast<unsigned char>(value + 1)) ==
-            static_cast<std::ptrdiff_t>(n));
-      CHECK(run_ipc_child(h.to_hex(), value, 0) == 1);  // the child sees the bytes are no longer `value`
+      check_shared_with_child<D>(p, n, h, value);
       value += 10;
     }
     bool exported = false;
@@ -886,18 +892,14 @@ TEST_CASE_TEMPLATE("pool: blocks of expandable segments shared with another proc
     // Not pinned: once the blocks are freed, empty_cache unmaps their pages and closes the
     // descriptors; a handle of them then opens nothing.
     const std::string stale = a.ipc_export(blocks[1].first).to_hex();
-    for (void* p : keep) a.deallocate(p);
-    for (auto [p, n] : blocks) a.deallocate(p);
-    a.empty_cache();
+    free_all(a, keep, blocks);
     CHECK(a.stats().reserved_bytes.all.current == 0);
     CHECK(a.snapshot().segments.empty());
     CHECK(open_descriptors() == descriptors);
     CHECK(run_ipc_child(stale, 41, 0) == 1);
     return;
   }
-  for (void* p : keep) a.deallocate(p);
-  for (auto [p, n] : blocks) a.deallocate(p);
-  a.empty_cache();
+  free_all(a, keep, blocks);
   CHECK(a.stats().reserved_bytes.all.current == 0);
 }
 
