@@ -14,6 +14,9 @@
 #include <depot/hal/runtime.hpp>
 #include <depot/hal/stream.hpp>
 
+// The shared GPU code's templates, exercised here with stand-in name tables (no GPU needed).
+#include "../hal/gpu/gpu_runtime_impl.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -366,6 +369,70 @@ TEST_CASE("hal: a failing GPU call reports call, place and code, and clears the 
   depot::runtime<D>::synchronize(0);
 }
 #endif
+
+namespace {
+// A stand-in name table for the shared GPU code's page creation: records each call's
+// `exportable` and answers exportable requests with `Refusal` (plain ones succeed).
+template <int Refusal>
+struct fake_vm_api {
+  using error_t = int;
+  using vm_handle_t = std::uint64_t;
+  static constexpr error_t success = 0;
+  static constexpr error_t invalid_value = 1;
+  static constexpr error_t memory_allocation = 2;
+  static constexpr error_t not_supported = 801;
+  static inline std::vector<bool> calls;
+  static inline int cleared = 0;
+  static error_t get_last_error()
+  {
+    ++cleared;
+    return success;
+  }
+  static error_t vm_create(vm_handle_t* h, std::size_t n, int, bool exportable)
+  {
+    calls.push_back(exportable);
+    if (exportable && Refusal != success) return Refusal;
+    *h = n;
+    return success;
+  }
+};
+}  // namespace
+
+TEST_CASE("hal: the shared GPU code asks for exportable pages and remembers a refusal")
+{
+  using depot::hal::detail::vm_create;
+  std::uint64_t h = 0;
+  SUBCASE("accepted: every page exportable")
+  {
+    using api = fake_vm_api<0>;
+    for (int i = 0; i < 3; ++i) CHECK(vm_create<api>(&h, 4096, 0) == api::success);
+    CHECK(api::calls == std::vector<bool>{true, true, true});
+    CHECK(h == 4096);
+  }
+  SUBCASE("handle type invalid: one refusal, then plain pages only")
+  {
+    using api = fake_vm_api<1>;
+    CHECK(vm_create<api>(&h, 8192, 0) == api::success);
+    CHECK(h == 8192);
+    CHECK(vm_create<api>(&h, 8192, 0) == api::success);
+    CHECK(api::calls == std::vector<bool>{true, false, false});
+    CHECK(api::cleared == 1);  // the refusal's error state cleared
+  }
+  SUBCASE("handle type not supported: the same")
+  {
+    using api = fake_vm_api<801>;
+    CHECK(vm_create<api>(&h, 4096, 0) == api::success);
+    CHECK(vm_create<api>(&h, 4096, 0) == api::success);
+    CHECK(api::calls == std::vector<bool>{true, false, false});
+  }
+  SUBCASE("out of memory is no refusal of the type: returned, and the next page asks again")
+  {
+    using api = fake_vm_api<2>;
+    CHECK(vm_create<api>(&h, 4096, 0) == api::memory_allocation);
+    CHECK(vm_create<api>(&h, 4096, 0) == api::memory_allocation);
+    CHECK(api::calls == std::vector<bool>{true, true});
+  }
+}
 
 TEST_CASE("hal: device_id parses and prints")
 {

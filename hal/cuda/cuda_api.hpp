@@ -4,7 +4,6 @@
 
 // The CUDA name table for the shared GPU implementation. The only header that includes
 // CUDA's runtime API; included only by files in hal/cuda/.
-#include <atomic>
 #include <cuda.h>  // driver types of the virtual-memory calls (taken through cudart's entry points)
 #include <cuda_runtime_api.h>
 
@@ -138,19 +137,14 @@ struct cuda_api {
   {
     return static_cast<error_t>(driver().free_address(reinterpret_cast<CUdeviceptr>(p), n));
   }
-  // Pages are made exportable as POSIX file descriptors (as PyTorch's expandable segments);
-  // where the driver refuses that (no such handle type), plain pages, which vm_export then
-  // refuses. The first refusal is remembered.
-  static error_t vm_create(vm_handle_t* h, std::size_t n, int device)
+  // Pages exportable as POSIX file descriptors or plain (the choice and its remembered
+  // fallback: gpu_runtime_impl.hpp); no export entry point counts as not supported.
+  static error_t vm_create(vm_handle_t* h, std::size_t n, int device, bool exportable)
   {
-    static std::atomic<bool> shareable{true};
     CUmemAllocationProp p = vm_prop(device);
-    if (shareable.load(std::memory_order_relaxed) && driver().export_fd != nullptr) {
+    if (exportable) {
+      if (driver().export_fd == nullptr) return cudaErrorNotSupported;
       p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-      const CUresult r = driver().create(h, n, &p, 0);
-      if (r != CUDA_ERROR_INVALID_VALUE && r != CUDA_ERROR_NOT_SUPPORTED) return static_cast<error_t>(r);
-      shareable.store(false, std::memory_order_relaxed);
-      p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
     }
     return static_cast<error_t>(driver().create(h, n, &p, 0));
   }

@@ -16,6 +16,8 @@
   static constexpr error_t success = P##Success;                                                  \
   static constexpr error_t not_ready = P##ErrorNotReady;                                          \
   static constexpr error_t memory_allocation = P##ErrorMemoryAllocation;                          \
+  static constexpr error_t invalid_value = P##ErrorInvalidValue;                                  \
+  static constexpr error_t not_supported = P##ErrorNotSupported;                                  \
   static constexpr error_t peer_access_already_enabled = P##ErrorPeerAccessAlreadyEnabled;        \
   static constexpr unsigned stream_non_blocking = P##StreamNonBlocking;                           \
   static constexpr unsigned event_default = P##EventDefault;                                      \

@@ -14,6 +14,7 @@
 
 #include <fcntl.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
 
@@ -494,6 +495,23 @@ void* gpu_runtime<Api>::vm_reserve(std::size_t bytes, int device)
 }
 
 namespace detail {
+// New physical memory of `bytes`: pages exportable as POSIX file descriptors (as PyTorch's
+// expandable segments), so blocks on them can be shared (vm_export); where the runtime
+// refuses that handle type (invalid value, not supported), plain pages, which vm_export
+// then refuses. The first refusal is remembered for the process.
+template <class Api>
+typename Api::error_t vm_create(typename Api::vm_handle_t* h, std::size_t bytes, int device)
+{
+  static std::atomic<bool> exportable{true};
+  if (exportable.load(std::memory_order_relaxed)) {
+    const auto status = Api::vm_create(h, bytes, device, true);
+    if (status != Api::invalid_value && status != Api::not_supported) return status;
+    (void)Api::get_last_error();
+    exportable.store(false, std::memory_order_relaxed);
+  }
+  return Api::vm_create(h, bytes, device, false);
+}
+
 // New physical memory of `bytes` mapped at addr (the device current, its context bound),
 // not yet accessible: its handle. Out of memory is depot::out_of_memory; nothing is left
 // made or mapped on any error.
@@ -501,7 +519,7 @@ template <class Api>
 typename Api::vm_handle_t vm_create_mapped(void* addr, std::size_t bytes, int device)
 {
   typename Api::vm_handle_t h{};
-  if (const auto status = Api::vm_create(&h, bytes, device); status != Api::success) {
+  if (const auto status = detail::vm_create<Api>(&h, bytes, device); status != Api::success) {
     (void)Api::get_last_error();
     if (status != Api::memory_allocation) DEPOT_GPU_TRY(status);
     const std::string state = device_state<Api>();

@@ -14,7 +14,6 @@
 
 #include "../gpu/gpu_api_table.hpp"
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -79,19 +78,12 @@ struct hip_api {
     return hipMemAddressReserve(p, n, align, nullptr, 0);
   }
   static error_t vm_free_address(void* p, std::size_t n) { return hipMemAddressFree(p, n); }
-  // Pages are made exportable as POSIX file descriptors; where the runtime refuses that,
-  // plain pages, which vm_export then refuses. The first refusal is remembered.
-  static error_t vm_create(vm_handle_t* h, std::size_t n, int device)
+  // Pages exportable as POSIX file descriptors or plain (the choice and its remembered
+  // fallback: gpu_runtime_impl.hpp).
+  static error_t vm_create(vm_handle_t* h, std::size_t n, int device, bool exportable)
   {
-    static std::atomic<bool> shareable{true};
     hipMemAllocationProp p = vm_prop(device);
-    if (shareable.load(std::memory_order_relaxed)) {
-      p.requestedHandleType = hipMemHandleTypePosixFileDescriptor;
-      const hipError_t r = hipMemCreate(h, n, &p, 0);
-      if (r != hipErrorInvalidValue && r != hipErrorNotSupported) return r;
-      shareable.store(false, std::memory_order_relaxed);
-      p.requestedHandleType = hipMemHandleTypeNone;
-    }
+    if (exportable) p.requestedHandleType = hipMemHandleTypePosixFileDescriptor;
     return hipMemCreate(h, n, &p, 0);
   }
   static error_t vm_export(int* fd, vm_handle_t h)
