@@ -114,6 +114,9 @@ struct alignas(64) block {
   segment* seg = nullptr;
   std::vector<native_stream> uses;  // other streams that used it (record_stream)
   std::uint64_t t_alloc = 0;
+  // Exported (a live block of an expandable segment, counted in its pages' shared_page
+  // blocks until freed); has_uses is set with it, so its free takes the general path.
+  bool exported = false;
   [[nodiscard]] bool whole() const noexcept { return prev == nullptr && next == nullptr; }
 };
 static_assert(offsetof(block, seg) == 64, "a free's fields fill the first cache line");
@@ -159,10 +162,15 @@ struct segment {  // of the large pool, or of the small pool's linked part
   // (maps[i]: the handle of page i). 0 for an ordinary segment.
   std::size_t reserved = 0;
   std::vector<std::uint64_t> maps;
-  // Pages shared with other processes (ipc_export of a block on them): shared[i] is this
-  // process's file descriptor of page i's memory, -1 for none; closed when the page is
-  // unmapped. Empty until a block of the segment is exported.
-  std::vector<int> shared;
+  // Pages shared with other processes (ipc_export of blocks on them): shared[i] holds this
+  // process's file descriptor of page i's memory (-1: none) and the live exported blocks
+  // on it; the descriptor is open exactly while that count is above 0 (closed when the
+  // last of them is freed). Empty until a block of the segment is exported.
+  struct shared_page {
+    int fd = -1;
+    std::uint32_t blocks = 0;
+  };
+  std::vector<shared_page> shared;
   std::size_t unmapped = 0;  // bytes of holes (k_unmapped blocks) below addr + size
   segment* lprev = nullptr;  // in the cache's segment list
   segment* lnext = nullptr;
@@ -1581,9 +1589,30 @@ struct allocator_core::impl {
   void unmap_pages(segment& s, std::size_t from, std::size_t to) noexcept
   {
     for (std::size_t i = to; i-- > from;) {
-      if (i < s.shared.size() && s.shared[i] >= 0) ::close(std::exchange(s.shared[i], -1));
+      if (i < s.shared.size() && s.shared[i].fd >= 0) {  // (none: their blocks were freed)
+        ::close(std::exchange(s.shared[i].fd, -1));
+        s.shared[i].blocks = 0;
+      }
       up->vm_unmap(reinterpret_cast<void*>(s.addr + i * vm_page), vm_page, s.maps[i]);
     }
+  }
+
+  // The pages [first, end) of expandable segment s that [addr, addr + bytes) spans.
+  std::pair<std::size_t, std::size_t> pages_of(const segment& s, std::uintptr_t addr, std::size_t bytes) const noexcept
+  {
+    return {(addr - s.addr) / vm_page, (page_ceil(s, addr + bytes) - s.addr) / vm_page};
+  }
+  // An exported block of an expandable segment is freed: its pages count it no more, and a
+  // page no live exported block is on closes its descriptor (a handle to the freed block
+  // is then refused by the importer: the exporter no longer holds the descriptor).
+  void unshare(block& k) noexcept
+  {
+    segment& s = *k.seg;
+    const auto [first, end] = pages_of(s, k.addr, k.size);
+    for (std::size_t i = first; i < end; ++i) {
+      if (--s.shared[i].blocks == 0) ::close(std::exchange(s.shared[i].fd, -1));
+    }
+    k.exported = false;
   }
 
   // Address a of segment s rounded up / down to a page boundary of s.
@@ -2571,6 +2600,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
                            " bytes): the allocation was " + std::to_string(requested) +
                            " bytes; nothing was changed");
   }
+  if (!dense && b.large->exported) m.unshare(*b.large);
   // Counted as freed just before the block changes state (after the calls above and below
   // that may throw, block or allocate).
   auto count_free = [&] { c.delta.count_free(small, size, requested); };
@@ -2654,16 +2684,28 @@ ipc_handle allocator_core::ipc_export(void* ptr)
   const std::uintptr_t addr = impl::address_of(b);
   if (b.large != nullptr && b.large->seg->reserved != 0) {
     // An expandable segment's block: a descriptor of each page it spans, made once per page
-    // and kept open while the page is mapped (a live block's pages always are). The
-    // importer's mapping holds the memory itself, so the segment is not pinned.
-    segment& s = *b.large->seg;
-    const std::size_t first = (addr - s.addr) / m.vm_page;
-    const std::size_t end = (m.page_ceil(s, addr + h.size) - s.addr) / m.vm_page;
-    if (s.shared.size() < end) s.shared.resize(end, -1);  // may throw: nothing exported yet
+    // and kept open while a live exported block is on the page. The importer's mapping holds
+    // the memory itself, so the segment is not pinned.
+    block& k = *b.large;
+    segment& s = *k.seg;
+    const auto [first, end] = m.pages_of(s, addr, h.size);
+    if (s.shared.size() < end) s.shared.resize(end);  // may throw: nothing exported yet
     h.fds.reserve(end - first);
-    for (std::size_t i = first; i < end; ++i) {
-      if (s.shared[i] < 0) s.shared[i] = m.up->vm_export(s.maps[i]);  // throws: made ones kept
-      h.fds.push_back(s.shared[i]);
+    try {
+      for (std::size_t i = first; i < end; ++i) {
+        if (s.shared[i].fd < 0) s.shared[i].fd = m.up->vm_export(s.maps[i]);
+        h.fds.push_back(s.shared[i].fd);
+      }
+    } catch (...) {  // refused part way: what this call made is closed again
+      for (std::size_t i = first; i < end; ++i) {
+        if (s.shared[i].blocks == 0 && s.shared[i].fd >= 0) ::close(std::exchange(s.shared[i].fd, -1));
+      }
+      throw;
+    }
+    if (!k.exported) {
+      for (std::size_t i = first; i < end; ++i) ++s.shared[i].blocks;
+      k.exported = true;
+      k.has_uses = true;  // its free takes the general path, which unshares it
     }
     h.page = m.vm_page;
     h.segment = s.addr + first * m.vm_page;
@@ -2695,7 +2737,7 @@ allocator_snapshot allocator_core::snapshot() const
       si.address = s->addr;
       si.small_pool = s->small;
       si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
-      si.exported = s->exported || std::any_of(s->shared.begin(), s->shared.end(), [](int fd) { return fd >= 0; });
+      si.exported = s->exported || std::any_of(s->shared.begin(), s->shared.end(), [](const segment::shared_page& g) { return g.fd >= 0; });
       si.reserved = s->reserved;
       si.size = s->size - s->unmapped;  // mapped: holes' blocks (state unmapped) are not reserved
       for (const block* b = s->head; b != nullptr; b = b->next) {

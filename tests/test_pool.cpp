@@ -889,8 +889,16 @@ TEST_CASE_TEMPLATE("pool: blocks of expandable segments shared with another proc
     CHECK(exported);
     CHECK(open_descriptors() > descriptors);
     check_invariants(a);
-    // Not pinned: once the blocks are freed, empty_cache unmaps their pages and closes the
-    // descriptors; a handle of them then opens nothing.
+    // Freeing an exported block closes its pages' descriptors at once (no other exported
+    // block is on them), so its handle opens nothing, before any empty_cache.
+    const depot::ipc_handle gone = a.ipc_export(blocks[1].first);
+    const std::size_t before_free = open_descriptors();
+    a.deallocate(blocks[1].first);
+    blocks.erase(blocks.begin() + 1);
+    CHECK(open_descriptors() + gone.fds.size() == before_free);
+    CHECK(run_ipc_child(gone.to_hex(), 41, 0) == 1);
+    // Not pinned: once the blocks are freed, empty_cache unmaps their pages; every
+    // descriptor is closed; a handle of them then opens nothing.
     const std::string stale = a.ipc_export(blocks[1].first).to_hex();
     free_all(a, keep, blocks);
     CHECK(a.stats().reserved_bytes.all.current == 0);
@@ -2283,42 +2291,77 @@ TEST_CASE_TEMPLATE("pool: page descriptors of exported expandable blocks", D, DE
     CHECK(a.ipc_export(p1) == h1);  // nothing new
     CHECK(up.exported.size() == 5);
     // Refused half way through p3's pages (4 has one, 5 gets one, 6 is refused): the
-    // export throws, what was made stays with the pages.
+    // export throws and closes what it made; page 4's (p2's) stays.
     up.exports_left = 1;
     CHECK_THROWS_WITH_AS(std::ignore = a.ipc_export(p3), doctest::Contains("export refused"), depot::error);
     CHECK(up.exported.size() == 6);
+    CHECK_FALSE(is_open(up.exported[5]));
+    CHECK(is_open(h2.fds[1]));
+    CHECK_FALSE(large_segments(a.snapshot())[0].blocks.empty());
     up.exports_left = -1;
     const depot::ipc_handle h3 = a.ipc_export(p3);
     REQUIRE(h3.fds.size() == 3);
     CHECK(h3.fds[0] == h2.fds[1]);
-    CHECK(h3.fds[1] == up.exported[5]);
-    CHECK(up.exported.size() == 7);
-    for (int fd : up.exported) CHECK(is_open(fd));
+    CHECK(up.exported.size() == 8);
+    CHECK(h3.fds[1] == up.exported[6]);
+    CHECK(h3.fds[2] == up.exported[7]);
+    for (int fd : h1.fds) CHECK(is_open(fd));
+    for (int fd : h2.fds) CHECK(is_open(fd));
+    for (int fd : h3.fds) CHECK(is_open(fd));
     check_invariants(a);
 
-    // Not pinned: p1 freed, empty_cache unmaps pages 0-2 (a hole) and closes their
-    // descriptors; page 3 (p2 lives on it) keeps its own.
+    // Freeing p1 closes the descriptors of pages 0-2 at once (no live exported block is on
+    // them); page 3 (p2 lives on it) keeps its own. Not pinned: empty_cache unmaps 0-2.
     a.deallocate(p1);
+    for (std::size_t i = 0; i < 3; ++i) CHECK_FALSE(is_open(h1.fds[i]));
+    CHECK(is_open(h1.fds[3]));
     a.empty_cache();
     check_invariants(a);
-    for (std::size_t i = 0; i < 3; ++i) CHECK_FALSE(is_open(h1.fds[i]));
     CHECK(is_open(h1.fds[3]));
     CHECK(large_segments(a.snapshot())[0].exported);
     // Mapped back later, the pages are new memory: a new export makes new descriptors.
     void* again = a.allocate(3 * page);
     CHECK(reinterpret_cast<std::uintptr_t>(again) == base);
-    const std::size_t before = up.exported.size();
+    std::size_t before = up.exported.size();
     const depot::ipc_handle h4 = a.ipc_export(again);
     CHECK(up.exported.size() == before + 3);
     REQUIRE(h4.fds.size() == 4);  // 512 bytes beyond 3 pages stay with the block (too small to split off)
     CHECK(h4.fds[3] == h2.fds[0]);
-    a.deallocate(again);
+    // A page's descriptor closes only with the last exported block on it: freeing p2
+    // leaves page 3's (again is on it) and page 4's (p3 is on it) open.
     a.deallocate(p2);
-    a.deallocate(p3);
+    CHECK(is_open(h2.fds[0]));  // again
+    CHECK(is_open(h2.fds[1]));  // p3
+    a.deallocate(again);
+    for (int fd : h4.fds) CHECK_FALSE(is_open(fd));
+    CHECK(is_open(h3.fds[0]));
+    // A block that was never exported frees without touching the descriptors; one freed
+    // while its stream's work is pending (a recorded stream) closes them at deallocate.
+    void* plain = a.allocate(page);
+    a.deallocate(plain);
+    CHECK(is_open(h3.fds[0]));
+    CHECK(large_segments(a.snapshot())[0].exported);
+    {
+      depot::stream<D> other;
+      a.record_stream(p3, depot::stream_ref<D>{other.native()});
+      a.deallocate(p3);
+      for (int fd : h3.fds) CHECK_FALSE(is_open(fd));
+      other.synchronize();
+    }
+    CHECK_FALSE(large_segments(a.snapshot())[0].exported);
     a.empty_cache();
     CHECK(a.snapshot().segments.empty());
     CHECK(counters->reservations.load() == 0);
     for (int fd : up.exported) CHECK_FALSE(is_open(fd));
+    // Exporting the same live block again counts it once: one free closes its descriptor.
+    void* twice = a.allocate(page);
+    before = up.exported.size();
+    const depot::ipc_handle t1 = a.ipc_export(twice);
+    CHECK(a.ipc_export(twice) == t1);
+    CHECK(up.exported.size() == before + 1);
+    a.deallocate(twice);
+    for (int fd : t1.fds) CHECK_FALSE(is_open(fd));
+    a.empty_cache();
     // Blocks alive when the allocator goes: their descriptors close with it.
     void* last = a.allocate(page);
     const depot::ipc_handle h5 = a.ipc_export(last);

@@ -34,7 +34,8 @@ struct segment_info {
   bool small_pool = false;
   std::uintptr_t stream = 0;  // the stream whose cache holds it (0: default stream)
   bool exported = false;      // shared with other processes (ipc_handle): kept until destruction,
-                              // or (expandable) pages with open descriptors
+                              // or (expandable) live exported blocks on it (pages
+                              // with open descriptors)
   // An expandable segment: `size` bytes mapped from `address` on, of `reserved` bytes of
   // addresses (0 for an ordinary segment). Its blocks tile `size` bytes plus those of its
   // blocks of state unmapped (pages unmapped inside it, e.g. by empty_cache()).

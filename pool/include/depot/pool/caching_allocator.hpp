@@ -75,8 +75,9 @@ class caching_allocator {
   // processes on this machine (depot::ipc_mapping<D>), as PyTorch shares CUDA tensors. An
   // ordinary segment is then kept until this allocator is destroyed (empty_cache() leaves
   // it), so a mapping never outlives the memory; a block of an expandable segment is shared
-  // by its pages' file descriptors (kept open while the pages are mapped), and a mapping
-  // holds those pages itself. The block is reused after deallocate as usual, so keep it
+  // by its pages' file descriptors (a page's kept open while a live exported block is on
+  // it: deallocate closes them, so the handle cannot be opened after), and a mapping holds
+  // those pages itself. The block is reused after deallocate as usual, so keep it
   // allocated while others use it. depot::invalid_argument for a pointer that is not a live
   // block here; depot::error on the host backend, which cannot share memory.
   [[nodiscard]] ipc_handle ipc_export(void* ptr) { return core_.ipc_export(ptr); }
