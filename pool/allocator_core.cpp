@@ -31,6 +31,7 @@
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/pool/detail/allocator_core.hpp>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,6 +43,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <cerrno>
+#include <string>
 #include <functional>
 #include <limits>
 #include <mutex>
@@ -53,9 +57,6 @@
 #include <utility>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 namespace depot::detail {
 
@@ -153,7 +154,9 @@ struct segment {  // of the large pool, or of the small pool's linked part
   std::uintptr_t addr = 0;
   std::size_t size = 0;  // bytes mapped (of an expandable segment: from addr on)
   bool small = false;
-  bool exported = false;  // shared with other processes: never released while the allocator lives
+  bool exported = false;  // shared with other processes: released only while no importer maps it
+  std::int64_t* importers = nullptr;  // exported: its slot of importer_counts
+  std::uint32_t importer_slot = 0;
   stream_cache* cache = nullptr;
   block* head = nullptr;
   block* last = nullptr;  // the block that ends it
@@ -373,7 +376,9 @@ struct small_segment {
   unit_entry* units = nullptr;               // k_seg_units entries
   std::unique_ptr<std::uint64_t[]> t_alloc;  // allocation times, once tracing is on
   std::uint32_t slot = 0;
-  bool exported = false;  // shared with other processes: never released while the allocator lives
+  bool exported = false;  // shared with other processes: released only while no importer maps it
+  std::int64_t* importers = nullptr;  // exported: its slot of importer_counts
+  std::uint32_t importer_slot = 0;
   [[nodiscard]] bool whole_free() const noexcept
   {
     return units[0].size == k_seg_units && units[0].state == block_state::free;
@@ -442,6 +447,7 @@ class segment_table {
     std::lock_guard g{mu_};
     s.cache = nullptr;
     s.exported = false;
+    s.importers = nullptr;
     s.t_alloc.reset();
     free_.push_back(s.slot);
   }
@@ -1177,6 +1183,80 @@ static_assert(sizeof(thread_caches) <= 176);
 
 }  // namespace
 
+// Where other processes count themselves as importers of this allocator's exported
+// ordinary segments (ipc_mapping: +1 before its backend mapping opens, -1 after it closes):
+// a memfd of 8-byte counters, one slot per segment ever exported, never reused (a late
+// importer of a released segment touches only that segment's stale slot), mapped here in
+// chunks. Made at the first export; importers reach it as /proc/PID/fd/FD. Thread-safe.
+class importer_counts {
+ public:
+  struct slot {
+    std::int64_t* count = nullptr;
+    std::uint32_t index = 0;
+    int fd = -1;
+  };
+  importer_counts() = default;
+  importer_counts(const importer_counts&) = delete;
+  importer_counts& operator=(const importer_counts&) = delete;
+  ~importer_counts()
+  {
+    for (void* c : chunks_) ::munmap(c, k_chunk_bytes);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  // A new slot, count 0. depot::error when the file cannot be made or grown (nothing changed).
+  slot take(const device_id& dev)
+  {
+    std::lock_guard g{mu_};
+    const auto fail = [&](const std::string& what) {
+      const int e = errno;
+      throw error("depot: " + dev.to_string() + " caching allocator: ipc_export: could not " + what +
+                      " the importer-count file: " + std::strerror(e),
+                  "memfd", __FILE__, __LINE__, e, "ipc");
+    };
+    if (fd_ < 0) {
+      fd_ = ::memfd_create("depot-ipc-importers", MFD_CLOEXEC);
+      if (fd_ < 0) fail("make");
+    }
+    if (next_ == std::numeric_limits<std::uint32_t>::max()) {
+      errno = EOVERFLOW;
+      fail("take a slot of");
+    }
+    const std::uint32_t i = next_;
+    const std::size_t chunk = i / k_chunk;
+    if (chunk == chunks_.size()) {
+      chunks_.reserve(chunk + 1);  // may throw: nothing grown yet
+      if (::ftruncate(fd_, static_cast<off_t>((chunk + 1) * k_chunk_bytes)) != 0) fail("grow");
+      void* m = ::mmap(nullptr, k_chunk_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_,
+                       static_cast<off_t>(chunk * k_chunk_bytes));
+      if (m == MAP_FAILED) fail("map");
+      chunks_.push_back(m);
+    }
+    ++next_;
+    return {static_cast<std::int64_t*>(chunks_[chunk]) + i % k_chunk, i, fd_};
+  }
+  [[nodiscard]] int fd() const noexcept { return fd_; }  // after a take()
+  // The processes that have the segment of slot `count` mapped now.
+  static std::int64_t load(std::int64_t* count) noexcept
+  {
+    return std::atomic_ref<std::int64_t>{*count}.load(std::memory_order_acquire);
+  }
+
+ private:
+  static constexpr std::size_t k_chunk_bytes = std::size_t{64} << 10;  // a multiple of any page size
+  static constexpr std::size_t k_chunk = k_chunk_bytes / sizeof(std::int64_t);
+  std::mutex mu_;
+  int fd_ = -1;
+  std::uint32_t next_ = 0;
+  std::vector<void*> chunks_;
+};
+
+// Whether an exported segment (ordinary) is mapped by another process now.
+template <class S>
+bool imported(const S& s) noexcept
+{
+  return s.exported && importer_counts::load(s.importers) > 0;
+}
+
 struct allocator_core::impl {
   impl(std::unique_ptr<upstream_resource> u, allocator_config c, bool a)
       : up{std::move(u)}, cfg{(c.validate(), c)}, async{a}, dev{up->device()}
@@ -1284,6 +1364,7 @@ struct allocator_core::impl {
   }
   std::atomic<std::int64_t> misses{0}, retries{0}, ooms{0};
   std::int64_t hits_base = 0;  // hits before the last reset_memory_stats (under all locks)
+  importer_counts importers;
 
   std::atomic<bool> tracing{false};
   mutable std::mutex trace_mu;
@@ -1951,13 +2032,13 @@ struct allocator_core::impl {
     }
   }
 
-  // Whether a segment may go back to the upstream now: wholly free, and not shared with
-  // other processes (an exported segment stays until the allocator goes).
+  // Whether a segment may go back to the upstream now: wholly free, and not mapped by
+  // another process (an exported segment is kept while importers count themselves in).
   static bool releasable(const segment& s) noexcept
   {
-    return s.head->whole() && s.head->state == block_state::free && !s.exported;
+    return s.head->whole() && s.head->state == block_state::free && !imported(s);
   }
-  static bool releasable(const small_segment& s) noexcept { return s.whole_free() && !s.exported; }
+  static bool releasable(const small_segment& s) noexcept { return s.whole_free() && !imported(s); }
 
   void release_free_segments(stream_cache& c) noexcept
   {
@@ -2712,12 +2793,24 @@ ipc_handle allocator_core::ipc_export(void* ptr)
     h.offset = addr - h.segment;
     return h;
   }
-  const std::uintptr_t base = b.large != nullptr ? b.large->seg->addr : b.seg->addr;
-  bool& exported = b.large != nullptr ? b.large->seg->exported : b.seg->exported;
-  h.memory = m.up->ipc_export(reinterpret_cast<void*>(base));  // throws: nothing changed
-  exported = true;
-  h.segment = base;
-  h.offset = addr - base;
+  const auto finish = [&](auto& seg) {
+    if (seg.importers == nullptr) {  // a slot once per segment (throws: nothing changed)
+      const importer_counts::slot k = m.importers.take(m.dev);
+      seg.importers = k.count;
+      seg.importer_slot = k.index;
+    }
+    h.memory = m.up->ipc_export(reinterpret_cast<void*>(seg.addr));  // throws: nothing else changed
+    seg.exported = true;
+    h.counter_fd = m.importers.fd();
+    h.counter_slot = seg.importer_slot;
+    h.segment = seg.addr;
+    h.offset = addr - seg.addr;
+  };
+  if (b.large != nullptr) {
+    finish(*b.large->seg);
+  } else {
+    finish(*b.seg);
+  }
   return h;
 }
 
@@ -2738,6 +2831,7 @@ allocator_snapshot allocator_core::snapshot() const
       si.small_pool = s->small;
       si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
       si.exported = s->exported || std::any_of(s->shared.begin(), s->shared.end(), [](const segment::shared_page& g) { return g.fd >= 0; });
+      si.importers = s->exported ? importer_counts::load(s->importers) : 0;
       si.reserved = s->reserved;
       si.size = s->size - s->unmapped;  // mapped: holes' blocks (state unmapped) are not reserved
       for (const block* b = s->head; b != nullptr; b = b->next) {
@@ -2753,6 +2847,7 @@ allocator_snapshot allocator_core::snapshot() const
       si.small_pool = true;
       si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
       si.exported = s->exported;
+      si.importers = s->exported ? importer_counts::load(s->importers) : 0;
       for (unsigned u = 0; u < k_seg_units; u += s->units[u].size) {
         const unit_entry& e = s->units[u];
         si.blocks.push_back(block_info{s->addr + unit_bytes(u), unit_bytes(e.size),

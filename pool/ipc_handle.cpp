@@ -5,6 +5,9 @@
 #include <depot/pool/ipc_handle.hpp>
 #include <depot/pool/ipc_mapping.hpp>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -12,6 +15,7 @@
 #include <cerrno>
 
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -22,13 +26,15 @@ namespace depot {
 
 namespace {
 
-// The text layouts, little-endian, as hex digits. Ordinary segments: "dpt1", kind (1 byte),
-// index (4), process, segment, offset, size, requested (8 each), the backend handle (64).
+// The text layouts, little-endian, as hex digits. Ordinary segments: "dpt3", kind (1 byte),
+// index (4), process, segment, offset, size, requested (8 each), the backend handle (64),
+// the importer-count descriptor and slot (4 each). ("dpt1", before the counts, is refused.)
 // Expandable segments: "dpt2", kind, index, process, segment, offset, size, requested, page
 // (8 each), the number of pages (4), each page's descriptor (4 each).
-constexpr std::array<unsigned char, 4> k_magic{'d', 'p', 't', '1'};
+constexpr std::array<unsigned char, 4> k_magic{'d', 'p', 't', '3'};
 constexpr std::array<unsigned char, 4> k_magic_pages{'d', 'p', 't', '2'};
-constexpr std::size_t k_bytes = 4 + 1 + 4 + 5 * 8 + ipc_memory_handle::size;
+constexpr std::array<unsigned char, 4> k_magic_old{'d', 'p', 't', '1'};
+constexpr std::size_t k_bytes = 4 + 1 + 4 + 5 * 8 + ipc_memory_handle::size + 4 + 4;
 static_assert(ipc_handle::hex_length == 2 * k_bytes);
 // pidfd_open and pidfd_getfd (Linux 5.3 and 5.6): the same numbers on every architecture.
 #ifdef SYS_pidfd_open
@@ -80,6 +86,11 @@ struct segment_key {
 struct opened {
   void* base = nullptr;
   std::size_t users = 0;
+  // Ordinary segments: this process's count in the exporter's importer-count file (the
+  // page of it mapped here), taken before the backend mapping opens, given back after it
+  // closes, so the exporter never releases a segment another process has mapped.
+  void* counts = nullptr;
+  std::int64_t* count = nullptr;
 };
 
 std::mutex& registry_mutex()
@@ -106,6 +117,8 @@ std::string ipc_handle::to_hex() const
   for (std::uint64_t v : {process, segment, offset, size, requested}) put(out, v, 8);
   if (!pages) {
     for (unsigned char c : memory.bytes) put(out, c, 1);
+    put(out, static_cast<std::uint32_t>(counter_fd), 4);
+    put(out, counter_slot, 4);
     return out;
   }
   put(out, page, 8);
@@ -134,9 +147,12 @@ ipc_handle ipc_handle::from_hex(std::string_view text)
     raw[i] = static_cast<unsigned char>(hi << 4 | lo);
   }
   const bool pages = std::memcmp(raw.data(), k_magic_pages.data(), k_magic_pages.size()) == 0;
+  DEPOT_EXPECTS(std::memcmp(raw.data(), k_magic_old.data(), k_magic_old.size()) != 0,
+                "depot: ipc_handle::from_hex: a handle of an older depot (\"dpt1\", without importer "
+                "counts): export the block again with this version");
   DEPOT_EXPECTS(pages || std::memcmp(raw.data(), k_magic.data(), k_magic.size()) == 0,
                 "depot: ipc_handle::from_hex: not a depot IPC handle (it must start with the "
-                "hex of \"dpt1\" or \"dpt2\", 64707431 or 64707432)");
+                "hex of \"dpt3\" or \"dpt2\", 64707433 or 64707432)");
   if (pages) {
     DEPOT_EXPECTS(raw.size() >= expandable_hex_length(0) / 2, wrong_length(lengths));
   } else {
@@ -173,6 +189,12 @@ ipc_handle ipc_handle::from_hex(std::string_view text)
                     " overflows the address space");
   if (!pages) {
     std::memcpy(h.memory.bytes.data(), raw.data() + at, ipc_memory_handle::size);
+    at += ipc_memory_handle::size;
+    const auto fd = static_cast<std::uint32_t>(get(4));
+    DEPOT_EXPECTS(fd <= 0x7FFFFFFFU, "depot: ipc_handle::from_hex: the importer-count file descriptor " +
+                                         std::to_string(static_cast<std::int32_t>(fd)) + " is negative");
+    h.counter_fd = static_cast<std::int32_t>(fd);
+    h.counter_slot = static_cast<std::uint32_t>(get(4));
     return h;
   }
   h.page = get(8);
@@ -250,6 +272,61 @@ std::vector<int> take_descriptors(const ipc_handle& h)
   return fds;
 }
 
+std::size_t page_size() noexcept { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
+
+// Maps the page of the exporter's importer-count file that holds h's slot, reached by the
+// path /proc/PID/fd/FD (which needs the same user, not ptrace permission), and adds this
+// process to the count. Throws depot::error naming the exporter, the file and the cause.
+void count_in(const ipc_handle& h, opened& o)
+{
+  DEPOT_EXPECTS(h.process <= 0x7FFFFFFFU && h.process != 0,
+                "depot: ipc_mapping: process id " + std::to_string(h.process) + " is out of range [1, 2^31)");
+  const std::string path = "/proc/" + std::to_string(h.process) + "/fd/" + std::to_string(h.counter_fd);
+  const auto fail = [&](const std::string& what, int e) {
+    std::string why = std::strerror(e);
+    if (e == ENOENT) {
+      why += "; the exporting process has exited, or its allocator (which holds the file) was destroyed";
+    } else if (e == EACCES || e == EPERM) {
+      why += "; the importer must run as the exporter's user";
+    }
+    throw error("depot: ipc_mapping of a block of process " + std::to_string(h.process) + ": " + what + " " + path +
+                    " (the exporter's importer counts): " + why,
+                "open", __FILE__, __LINE__, e, "ipc");
+  };
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) fail("could not open", errno);
+  struct stat st {};
+  const std::uint64_t at = std::uint64_t{h.counter_slot} * sizeof(std::int64_t);
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    fail("could not read the size of", e);
+  }
+  if (st.st_size < 0 || static_cast<std::uint64_t>(st.st_size) < at + sizeof(std::int64_t)) {
+    ::close(fd);
+    fail("slot " + std::to_string(h.counter_slot) + " lies past the end of", EINVAL);
+  }
+  const std::size_t page = page_size();
+  const std::uint64_t first = at / page * page;
+  void* m = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(first));
+  const int e = errno;
+  ::close(fd);  // the mapping holds the file
+  if (m == MAP_FAILED) fail("could not map", e);
+  o.counts = m;
+  o.count = reinterpret_cast<std::int64_t*>(static_cast<unsigned char*>(m) + (at - first));
+  std::atomic_ref<std::int64_t>{*o.count}.fetch_add(1, std::memory_order_acq_rel);
+}
+
+// This process's count given back (after its backend mapping closed).
+void count_out(opened& o) noexcept
+{
+  if (o.count == nullptr) return;
+  std::atomic_ref<std::int64_t>{*o.count}.fetch_sub(1, std::memory_order_acq_rel);
+  ::munmap(o.counts, page_size());
+  o.counts = nullptr;
+  o.count = nullptr;
+}
+
 }  // namespace
 
 void* ipc_attach(const ipc_handle& h, const ipc_backend& backend)
@@ -261,7 +338,13 @@ void* ipc_attach(const ipc_handle& h, const ipc_backend& backend)
   if (fresh) {
     try {
       if (!h.expandable()) {
-        it->second.base = backend.open(h.memory, h.device.index);
+        count_in(h, it->second);
+        try {
+          it->second.base = backend.open(h.memory, h.device.index);
+        } catch (...) {
+          count_out(it->second);
+          throw;
+        }
       } else {
         const std::vector<int> fds = take_descriptors(h);
         try {
@@ -293,6 +376,7 @@ void ipc_detach(const ipc_handle& h, const ipc_backend& backend) noexcept
       backend.close_pages(it->second.base, h.fds.size(), static_cast<std::size_t>(h.page), h.device.index);
     } else {
       backend.close(it->second.base, h.device.index);
+      count_out(it->second);
     }
     r.erase(it);
   }

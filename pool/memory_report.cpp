@@ -44,6 +44,7 @@ std::string allocator_snapshot::to_json() const
                     {"pool", s.small_pool ? "small" : "large"},
                     {"stream", s.stream},
                     {"exported", s.exported},
+                    {"importers", s.importers},
                     {"reserved_addresses", s.reserved},
                     {"blocks", std::move(blocks)}});
   }

@@ -647,6 +647,12 @@ allocator_snapshot parse_snapshot(std::string_view text, std::string_view name)
       if (!ex->is_boolean()) sfail(sw + "field 'exported': expected true or false, got " + ex->dump());
       seg.exported = ex->get<bool>();
     }
+    if (const auto im = s.find("importers"); im != s.end()) {  // optional: files before it lack it
+      if (!im->is_number_integer() || im->get<std::int64_t>() < 0) {
+        sfail(sw + "field 'importers': expected a non-negative integer, got " + im->dump());
+      }
+      seg.importers = im->get<std::int64_t>();
+    }
     if (const auto rv = s.find("reserved_addresses"); rv != s.end()) {  // optional: files before it lack it
       if (!rv->is_number_unsigned()) {
         sfail(sw + "field 'reserved_addresses': expected a non-negative integer, got " + rv->dump());

@@ -3,19 +3,89 @@
 //
 // depot-ipc-child HANDLE EXPECT NEXT: the other process of the pool's IPC test. Opens the
 // block named by HANDLE (ipc_handle::to_hex) twice (the two mappings must share one base),
-// checks that each of its requested bytes is EXPECT, sets them all to NEXT and waits for
-// the device. Exit 0 on success; 1 with a message on stderr otherwise.
+// checks that each of its requested bytes is EXPECT (and, for an ordinary segment's block,
+// that the exporter's importer count includes it), sets them all to NEXT and waits for the
+// device. Exit 0 on success; 1 with a message on stderr otherwise.
+//
+// depot-ipc-child --count HANDLE hold|refuse: the importer's counting alone, on any backend
+// (a stand-in backend whose mapping is a dummy address). hold: attaches twice, prints
+// "attached", waits for a line (or the end) on stdin, detaches both, prints "detached".
+// refuse: the stand-in backend refuses to open; prints "refused" when the attach throws
+// that. Exit 0 then; on any error prints "error: WHAT" and exits 1.
 #include <depot/config.hpp>
+#include <depot/hal/error.hpp>
 #include <depot/hal/runtime.hpp>
 #include <depot/pool/ipc_mapping.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace {
+
+// The exporter's count of importers of h's segment, read through its file (-1: unreadable).
+std::int64_t importer_count(const depot::ipc_handle& h)
+{
+  const std::string path = "/proc/" + std::to_string(h.process) + "/fd/" + std::to_string(h.counter_fd);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  std::int64_t v = -1;
+  const bool ok = ::pread(fd, &v, sizeof v, static_cast<off_t>(std::uint64_t{h.counter_slot} * sizeof v)) ==
+                  static_cast<ssize_t>(sizeof v);
+  ::close(fd);
+  return ok ? v : -1;
+}
+
+// The stand-in backend of --count: an ordinary mapping is the segment's address, never touched.
+bool refuse_open = false;
+void* fake_open(const depot::ipc_memory_handle&, int)
+{
+  if (refuse_open) throw depot::error("stand-in backend refused", "open", __FILE__, __LINE__, 1, "test");
+  static int dummy;
+  return &dummy;
+}
+void fake_close(void*, int) noexcept {}
+void* fake_open_pages(const int*, std::size_t, std::size_t, int) { throw std::logic_error("pages: not counted"); }
+void fake_close_pages(void*, std::size_t, std::size_t, int) noexcept {}
+constexpr depot::detail::ipc_backend k_fake{&fake_open, &fake_close, &fake_open_pages, &fake_close_pages};
+
+int count(const depot::ipc_handle& h, const std::string& mode)
+{
+  if (mode == "refuse") {
+    refuse_open = true;
+    try {
+      (void)depot::detail::ipc_attach(h, k_fake);
+    } catch (const depot::error& e) {
+      if (std::strstr(e.what(), "stand-in backend refused") == nullptr) throw;
+      std::printf("refused\n");
+      return 0;
+    }
+    std::printf("error: the refusing backend opened\n");
+    return 1;
+  }
+  void* a = depot::detail::ipc_attach(h, k_fake);
+  void* b = depot::detail::ipc_attach(h, k_fake);
+  if (a != b) {
+    std::printf("error: two attachments differ\n");
+    return 1;
+  }
+  std::printf("attached\n");
+  std::fflush(stdout);
+  char line[16];
+  (void)std::fgets(line, sizeof line, stdin);
+  depot::detail::ipc_detach(h, k_fake);
+  depot::detail::ipc_detach(h, k_fake);
+  std::printf("detached\n");
+  return 0;
+}
 
 template <depot::device D>
 int run(const depot::ipc_handle& h, int expect, int next)
@@ -24,6 +94,11 @@ int run(const depot::ipc_handle& h, int expect, int next)
   depot::ipc_mapping<D> again{h};
   if (again.get() != m.get() || m.get() == nullptr) {
     std::fprintf(stderr, "depot-ipc-child: two mappings of one handle differ (%p, %p)\n", m.get(), again.get());
+    return 1;
+  }
+  if (!h.expandable() && importer_count(h) < 1) {
+    std::fprintf(stderr, "depot-ipc-child: the exporter's importer count is %lld, expected at least 1\n",
+                 static_cast<long long>(importer_count(h)));
     return 1;
   }
   std::vector<unsigned char> bytes(m.requested());
@@ -43,8 +118,16 @@ int run(const depot::ipc_handle& h, int expect, int next)
 
 int main(int argc, char** argv)
 {
+  if (argc == 4 && std::string{argv[1]} == "--count") {
+    try {
+      return count(depot::ipc_handle::from_hex(argv[2]), argv[3]);
+    } catch (const std::exception& e) {
+      std::printf("error: %s\n", e.what());
+      return 1;
+    }
+  }
   if (argc != 4) {
-    std::fprintf(stderr, "usage: depot-ipc-child HANDLE EXPECT NEXT\n");
+    std::fprintf(stderr, "usage: depot-ipc-child HANDLE EXPECT NEXT | --count HANDLE hold|refuse\n");
     return 1;
   }
   try {

@@ -19,6 +19,7 @@
 #include <depot/pool/pool.hpp>
 #include <depot/pool/profile_memory.hpp>
 #include <depot/pool/simulated_upstream.hpp>
+#include <depot/pool/trace_file.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -142,6 +143,14 @@ class limiting_upstream final : public depot::upstream_resource {
     REQUIRE(fd >= 0);
     exported.push_back(fd);
     return fd;
+  }
+  // Sharing ordinary segments: with stand_in_exports, a made-up backend handle.
+  depot::ipc_memory_handle ipc_export(void* segment) override
+  {
+    if (!stand_in_exports) return inner_.ipc_export(segment);
+    depot::ipc_memory_handle m;
+    std::memcpy(m.bytes.data(), &segment, sizeof segment);
+    return m;
   }
   bool stand_in_exports = false;
   int exports_left = -1;     // < 0: no limit
@@ -630,6 +639,69 @@ int run_ipc_child(const std::string& handle, int expect, int next)
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// depot-ipc-child --count HANDLE MODE, running, its stdin and stdout (stderr too) piped.
+struct counting_child {
+  pid_t pid = -1;
+  int in = -1;   // its stdin
+  int out = -1;  // its stdout
+  counting_child(const std::string& handle, const char* mode)
+  {
+    std::string self(4096, '\0');
+    const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size());
+    REQUIRE(n > 0);
+    self.resize(static_cast<std::size_t>(n));
+    const std::string child = self.substr(0, self.rfind('/')) + "/depot-ipc-child";
+    int to[2];
+    int from[2];
+    REQUIRE(::pipe2(to, O_CLOEXEC) == 0);
+    REQUIRE(::pipe2(from, O_CLOEXEC) == 0);
+    posix_spawn_file_actions_t fa;
+    ::posix_spawn_file_actions_init(&fa);
+    ::posix_spawn_file_actions_adddup2(&fa, to[0], 0);
+    ::posix_spawn_file_actions_adddup2(&fa, from[1], 1);
+    ::posix_spawn_file_actions_adddup2(&fa, from[1], 2);
+    std::string flag = "--count";
+    std::string h = handle;
+    std::string m = mode;
+    char* args[] = {const_cast<char*>(child.c_str()), flag.data(), h.data(), m.data(), nullptr};
+    const int rc = ::posix_spawn(&pid, child.c_str(), &fa, nullptr, args, environ);
+    ::posix_spawn_file_actions_destroy(&fa);
+    ::close(to[0]);
+    ::close(from[1]);
+    in = to[1];
+    out = from[0];
+    REQUIRE(rc == 0);
+  }
+  counting_child(const counting_child&) = delete;
+  counting_child& operator=(const counting_child&) = delete;
+  ~counting_child() { (void)finish(); }
+  // Its next line of output ("" at the end).
+  std::string line()
+  {
+    std::string l;
+    char c = 0;
+    while (::read(out, &c, 1) == 1 && c != '\n') l += c;
+    return l;
+  }
+  // Lets it go on (a line on its stdin), reads the rest of its output; its exit status.
+  int finish(std::string* rest = nullptr)
+  {
+    if (pid < 0) return -1;
+    if (in >= 0) {
+      (void)::write(in, "\n", 1);
+      ::close(std::exchange(in, -1));
+    }
+    std::string all;
+    char buf[256];
+    for (ssize_t k; (k = ::read(out, buf, sizeof buf)) > 0;) all.append(buf, static_cast<std::size_t>(k));
+    ::close(std::exchange(out, -1));
+    int status = 0;
+    (void)::waitpid(std::exchange(pid, -1), &status, 0);
+    if (rest != nullptr) *rest = all;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+};
+
 // Block p (n bytes, all `value`) exported as h: this process's own handle maps to the block
 // itself; a child process sees `value` in every byte and sets them to value + 1, which this
 // process then reads; a second child, expecting `value`, fails.
@@ -681,7 +753,7 @@ TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TE
                        depot::invalid_argument);
   CHECK_THROWS_AS(std::ignore = a.ipc_export(first + 512), depot::invalid_argument);
   CHECK_THROWS_AS(std::ignore = a.ipc_export(nullptr), depot::invalid_argument);
-  CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex("abc"), doctest::Contains("expected 226 hex digits"),
+  CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex("abc"), doctest::Contains("expected 242 hex digits"),
                        depot::invalid_argument);
   depot::ipc_handle made;
   made.device = depot::device_id{depot::device_kind::cuda, 0};
@@ -692,6 +764,8 @@ TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TE
   made.requested = 1000;
   made.memory.bytes[0] = 0xAB;
   made.memory.bytes[63] = 0xCD;
+  made.counter_fd = 5;
+  made.counter_slot = 0x01020304;
   const std::string text = made.to_hex();
   REQUIRE(text.size() == depot::ipc_handle::hex_length);
   CHECK(depot::ipc_handle::from_hex(text) == made);
@@ -705,8 +779,11 @@ TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TE
   };
   CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(altered(7, "g")), doctest::Contains("character 7"),
                        depot::invalid_argument);
-  CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(altered(0, "00")), doctest::Contains("dpt1"),
+  CHECK(text.substr(0, 8) == "64707433");  // "dpt3"
+  CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(altered(0, "00")), doctest::Contains("dpt3"),
                        depot::invalid_argument);
+  CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(altered(6, "31")),  // "dpt1": before the counts
+                       doctest::Contains("an older depot"), depot::invalid_argument);
   CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(altered(8, "00")),  // kind host
                        doctest::Contains("valid: 1 cuda, 2 hip"), depot::invalid_argument);
   CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(altered(10, "ffffffff")),  // index -1
@@ -717,6 +794,10 @@ TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TE
     CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(h.to_hex()),
                          doctest::Contains("0 < requested <= size"), depot::invalid_argument);
     h = made;
+    h.counter_fd = -2;
+    CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(h.to_hex()),
+                         doctest::Contains("importer-count file descriptor -2 is negative"), depot::invalid_argument);
+    h = made;
     h.offset = ~std::uint64_t{0} - 100;  // wraps the address space
     CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(h.to_hex()), doctest::Contains("overflows"),
                          depot::invalid_argument);
@@ -725,6 +806,8 @@ TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TE
     // A block of an expandable segment: its pages' descriptors instead of a backend handle.
     depot::ipc_handle x = made;
     x.memory = {};
+    x.counter_fd = -1;
+    x.counter_slot = 0;
     x.page = 2 * MiB;
     x.offset = 2 * MiB - 512;  // 512 bytes on the first page, 1 MiB on the second, then 2 more pages
     x.size = 512 + 5 * MiB;
@@ -740,7 +823,7 @@ TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TE
     CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(xt.substr(0, xt.size() - 8)),
                          doctest::Contains("hex digits for a handle of 4 pages"), depot::invalid_argument);
     CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(xt.substr(0, 100)),  // cut inside the header
-                         doctest::Contains("expected 226 hex digits"), depot::invalid_argument);
+                         doctest::Contains("expected 242 hex digits"), depot::invalid_argument);
     const auto bad = [&](auto change, const char* says) {
       depot::ipc_handle y = x;
       change(y);
@@ -758,8 +841,8 @@ TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TE
     bad([](depot::ipc_handle& y) { y.requested = y.size + 1; }, "0 < requested <= size");
     // The same fields with the other magic are an ordinary handle of the wrong length.
     std::string as_ordinary = xt;
-    as_ordinary.replace(6, 2, "31");
-    CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(as_ordinary), doctest::Contains("expected 226 hex digits"),
+    as_ordinary.replace(6, 2, "33");
+    CHECK_THROWS_WITH_AS(std::ignore = depot::ipc_handle::from_hex(as_ordinary), doctest::Contains("expected 242 hex digits"),
                          depot::invalid_argument);
   }
   {
@@ -800,18 +883,20 @@ TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TE
       value += 10;
     }
     check_invariants(a);
-    // Exported segments stay reserved through empty_cache until the allocator goes.
-    free_all(a, keep, blocks);
-    const auto snap = a.snapshot();
-    std::set<std::uint64_t> kept;
-    for (const auto& seg : snap.segments) {
-      CHECK(seg.exported);
-      kept.insert(seg.address);
+    // Each child counted itself in while it mapped the block (it checks that) and out when
+    // it exited: the exported segments have no importer now.
+    std::set<std::uint64_t> exported_now;
+    for (const auto& seg : a.snapshot().segments) {
+      if (!seg.exported) continue;
+      exported_now.insert(seg.address);
+      CHECK(seg.importers == 0);
     }
-    CHECK(kept == exported_segments);
-    CHECK(nlohmann::json::parse(snap.to_json())["segments"][0]["exported"] == true);
-    check_invariants(a);
-    CHECK(a.stats().allocated_bytes.all.current == 0);
+    CHECK(exported_now == exported_segments);
+    CHECK(nlohmann::json::parse(a.snapshot().to_json())["segments"][0].contains("importers"));
+    // So once their blocks are freed, empty_cache releases them like any other.
+    free_all(a, keep, blocks);
+    CHECK(a.snapshot().segments.empty());
+    CHECK(a.stats().reserved_bytes.all.current == 0);
     return;
   }
   free_all(a, keep, blocks);
@@ -1052,6 +1137,129 @@ TEST_CASE("pool: an expandable block's pages taken from another process (importe
   CHECK(open_descriptors() == descriptors);
   CHECK(fake_pages::closes == 2);
   for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) ::close(fd);
+}
+
+// An ordinary exported segment is released only while no other process maps it: importers
+// count themselves in the exporter's importer-count file (depot-ipc-child --count runs the
+// real importer code with a stand-in backend, so this runs on every backend).
+TEST_CASE_TEMPLATE("pool: an exported segment is kept while another process maps it", D, DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  auto owned = std::make_unique<limiting_upstream<D>>(std::size_t{1} << 40, counters);
+  owned->stand_in_exports = true;
+  int counts_fd = -1;
+  {
+    depot::caching_allocator<D> a{std::move(owned), quiet_config<D>()};
+    const auto segment_of = [&](std::uint64_t addr) {
+      for (const auto& seg : a.snapshot().segments) {
+        if (seg.address == addr) return seg;
+      }
+      FAIL("no segment at " << addr);
+      return depot::segment_info{};
+    };
+    // Handle texts name a GPU: the host's handles travel as cuda:0's (the child's backend is
+    // a stand-in, so the kind only has to parse).
+    const auto sent = [](depot::ipc_handle h) {
+      if (h.device.kind == depot::device_kind::host) h.device.kind = depot::device_kind::cuda;
+      return h.to_hex();
+    };
+    void* p1 = a.allocate(6 * MiB);  // p1 and p2 share a 20 MiB segment
+    void* p2 = a.allocate(6 * MiB);
+    void* p3 = a.allocate(3000);  // a small segment
+    const depot::ipc_handle h1 = a.ipc_export(p1);
+    const depot::ipc_handle h2 = a.ipc_export(p2);
+    const depot::ipc_handle h3 = a.ipc_export(p3);
+    CHECK(h1.segment == h2.segment);
+    CHECK(h1.counter_slot == h2.counter_slot);  // a slot per segment
+    CHECK(h3.counter_slot != h1.counter_slot);
+    CHECK(h1.counter_fd == h3.counter_fd);  // one file per allocator
+    CHECK(a.ipc_export(p1) == h1);
+    CHECK(depot::ipc_handle::from_hex(sent(h1)).counter_slot == h1.counter_slot);
+    counts_fd = h1.counter_fd;
+    std::string target(256, '\0');
+    const ssize_t tn = ::readlink(("/proc/self/fd/" + std::to_string(counts_fd)).c_str(), target.data(), target.size());
+    REQUIRE(tn > 0);
+    CHECK(contains(target.substr(0, static_cast<std::size_t>(tn)), "depot-ipc-importers"));
+    CHECK((::fcntl(counts_fd, F_GETFD) & FD_CLOEXEC) != 0);
+    CHECK(segment_of(h1.segment).exported);
+    CHECK(segment_of(h1.segment).importers == 0);
+
+    // Another process maps h1 twice (counted once) and holds it; p2's handle names the same.
+    counting_child holder{sent(h1), "hold"};
+    REQUIRE(holder.line() == "attached");
+    CHECK(segment_of(h1.segment).importers == 1);
+    CHECK(segment_of(h3.segment).importers == 0);
+    CHECK(nlohmann::json::parse(a.snapshot().to_json())["segments"][0].contains("importers"));
+    const auto round = depot::parse_snapshot(a.snapshot().to_json());
+    for (const auto& seg : round.segments) CHECK(seg.importers == (seg.address == h1.segment ? 1 : 0));
+    {
+      counting_child second{sent(h2), "hold"};  // another process: counted too
+      REQUIRE(second.line() == "attached");
+      CHECK(segment_of(h1.segment).importers == 2);
+      CHECK(second.finish() == 0);
+    }
+    CHECK(segment_of(h1.segment).importers == 1);
+    // All freed and the cache emptied: the mapped segment stays, the other exported one goes.
+    a.deallocate(p1);
+    a.deallocate(p2);
+    a.deallocate(p3);
+    a.empty_cache();
+    check_invariants(a);
+    auto snap = a.snapshot();
+    REQUIRE(snap.segments.size() == 1);
+    CHECK(snap.segments[0].address == h1.segment);
+    CHECK(snap.segments[0].exported);
+    CHECK(snap.segments[0].importers == 1);
+    CHECK(a.stats().allocated_bytes.all.current == 0);
+    // The importer closes its mappings: the next empty_cache releases the segment.
+    std::string said;
+    CHECK(holder.finish(&said) == 0);
+    CHECK(contains(said, "detached"));
+    CHECK(segment_of(h1.segment).importers == 0);
+    a.empty_cache();
+    CHECK(a.snapshot().segments.empty());
+    CHECK(counters->outstanding.load() == 0);
+
+    // A backend refusing to open: the importer's count is given back.
+    void* p4 = a.allocate(6 * MiB);
+    const depot::ipc_handle h4 = a.ipc_export(p4);
+    CHECK(h4.counter_slot > h3.counter_slot);  // slots are never reused
+    {
+      counting_child refused{sent(h4), "refuse"};
+      CHECK(refused.line() == "refused");
+      CHECK(refused.finish() == 0);
+    }
+    CHECK(segment_of(h4.segment).importers == 0);
+    // Bad handles, refused by the importer naming the file and the cause.
+    const auto refused_with = [&](const depot::ipc_handle& bad, const std::string& says) {
+      counting_child c{sent(bad), "hold"};
+      std::string out;
+      CHECK(c.finish(&out) == 1);
+      CAPTURE(out);
+      CHECK(contains(out, says));
+    };
+    depot::ipc_handle bad = h4;
+    bad.counter_fd = 1000;
+    refused_with(bad, "could not open /proc/" + std::to_string(::getpid()) + "/fd/1000");
+    bad = h4;
+    bad.counter_slot = 1U << 30;
+    refused_with(bad, "slot 1073741824 lies past the end of");
+    pid_t gone = 0;
+    {
+      char* args[] = {const_cast<char*>("/bin/true"), nullptr};
+      REQUIRE(::posix_spawn(&gone, "/bin/true", nullptr, nullptr, args, environ) == 0);
+      int status = 0;
+      REQUIRE(::waitpid(gone, &status, 0) == gone);
+    }
+    bad = h4;
+    bad.process = static_cast<std::uint64_t>(gone);
+    refused_with(bad, "the exporting process has exited");
+    CHECK(segment_of(h4.segment).importers == 0);
+    a.deallocate(p4);
+    a.empty_cache();
+    CHECK(a.snapshot().segments.empty());
+  }
+  CHECK(::fcntl(counts_fd, F_GETFD) == -1);  // the file closed with the allocator
 }
 
 TEST_CASE_TEMPLATE("pool: a block used on another stream waits for it before reuse", D,

@@ -33,9 +33,10 @@ struct segment_info {
   std::size_t size = 0;
   bool small_pool = false;
   std::uintptr_t stream = 0;  // the stream whose cache holds it (0: default stream)
-  bool exported = false;      // shared with other processes (ipc_handle): kept until destruction,
-                              // or (expandable) live exported blocks on it (pages
-                              // with open descriptors)
+  bool exported = false;      // shared with other processes (ipc_handle): an ordinary segment
+                              // is kept while importers map it, an expandable one has live
+                              // exported blocks on it (pages with open descriptors)
+  std::int64_t importers = 0;  // an exported ordinary segment: other processes mapping it now
   // An expandable segment: `size` bytes mapped from `address` on, of `reserved` bytes of
   // addresses (0 for an ordinary segment). Its blocks tile `size` bytes plus those of its
   // blocks of state unmapped (pages unmapped inside it, e.g. by empty_cache()).

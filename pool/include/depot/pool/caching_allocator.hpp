@@ -73,8 +73,9 @@ class caching_allocator {
   void record_stream(void* ptr, stream_ref<D> stream) { core_.record_stream(ptr, stream.native()); }
   // Makes the live block at `ptr` (a pointer allocate() returned) openable by other
   // processes on this machine (depot::ipc_mapping<D>), as PyTorch shares CUDA tensors. An
-  // ordinary segment is then kept until this allocator is destroyed (empty_cache() leaves
-  // it), so a mapping never outlives the memory; a block of an expandable segment is shared
+  // ordinary segment is then released only while no other process maps it (importers count
+  // themselves in a file the handle names), so a mapping never outlives the memory; a
+  // block of an expandable segment is shared
   // by its pages' file descriptors (a page's kept open while a live exported block is on
   // it: deallocate closes them, so the handle cannot be opened after), and a mapping holds
   // those pages itself. The block is reused after deallocate as usual, so keep it

@@ -34,7 +34,9 @@ void ipc_detach(const ipc_handle& h, const ipc_backend& backend) noexcept;
 // Another process's block, opened from its ipc_handle: get() is the block in this process,
 // the same device memory (not a copy), until the mapping is destroyed. Move-only. Mappings
 // of blocks of one segment share one backend mapping, counted process-wide, so opening the
-// same handle twice is fine. It does not keep the block alive: the exporter must keep it
+// same handle twice is fine; while it is open, this process is counted in the exporter's
+// importer counts (ordinary segments), so the exporter does not release the segment. It
+// does not keep the block alive: the exporter must keep it
 // allocated (and its stream's work on it ordered, e.g. by an event) while mappings use it.
 // A handle of another backend or device index refuses with depot::invalid_argument; a
 // backend without interprocess memory (the host) throws depot::error saying so.
