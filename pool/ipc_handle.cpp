@@ -329,7 +329,7 @@ void count_out(opened& o) noexcept
 
 }  // namespace
 
-void* ipc_attach(const ipc_handle& h, const ipc_backend& backend)
+void* ipc_attach(const ipc_handle& h, const ipc_backend& backend, const int* own_fds)
 {
   if (h.process == process_id()) return reinterpret_cast<void*>(static_cast<std::uintptr_t>(h.segment));
   std::lock_guard g{registry_mutex()};
@@ -346,14 +346,18 @@ void* ipc_attach(const ipc_handle& h, const ipc_backend& backend)
           throw;
         }
       } else {
-        const std::vector<int> fds = take_descriptors(h);
-        try {
-          it->second.base = backend.open_pages(fds.data(), fds.size(), static_cast<std::size_t>(h.page), h.device.index);
-        } catch (...) {
-          for (int f : fds) ::close(f);
-          throw;
+        if (own_fds != nullptr) {  // received with the handle (ipc_received): the caller's
+          it->second.base = backend.open_pages(own_fds, h.fds.size(), static_cast<std::size_t>(h.page), h.device.index);
+        } else {
+          const std::vector<int> fds = take_descriptors(h);
+          try {
+            it->second.base = backend.open_pages(fds.data(), fds.size(), static_cast<std::size_t>(h.page), h.device.index);
+          } catch (...) {
+            for (int f : fds) ::close(f);
+            throw;
+          }
+          for (int f : fds) ::close(f);  // the mapping holds the memory
         }
-        for (int f : fds) ::close(f);  // the mapping holds the memory
       }
     } catch (...) {
       r.erase(it);

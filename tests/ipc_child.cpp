@@ -7,6 +7,9 @@
 // that the exporter's importer count includes it), sets them all to NEXT and waits for the
 // device. Exit 0 on success; 1 with a message on stderr otherwise.
 //
+// depot-ipc-child --receive EXPECT NEXT: the same for a handle received on descriptor 3 (a
+// Unix socket) with its page descriptors (ipc_receive), mapped from those.
+//
 // depot-ipc-child --count HANDLE hold|refuse: the importer's counting alone, on any backend
 // (a stand-in backend whose mapping is a dummy address). hold: attaches twice, prints
 // "attached", waits for a line (or the end) on stdin, detaches both, prints "detached".
@@ -16,6 +19,7 @@
 #include <depot/hal/error.hpp>
 #include <depot/hal/runtime.hpp>
 #include <depot/pool/ipc_mapping.hpp>
+#include <depot/pool/ipc_received.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -88,9 +92,10 @@ int count(const depot::ipc_handle& h, const std::string& mode)
 }
 
 template <depot::device D>
-int run(const depot::ipc_handle& h, int expect, int next)
+int run(const depot::ipc_received& r, int expect, int next)
 {
-  depot::ipc_mapping<D> m{h};
+  const depot::ipc_handle& h = r.handle;
+  depot::ipc_mapping<D> m = r.fds.empty() ? depot::ipc_mapping<D>{h} : depot::ipc_mapping<D>{r};
   depot::ipc_mapping<D> again{h};
   if (again.get() != m.get() || m.get() == nullptr) {
     std::fprintf(stderr, "depot-ipc-child: two mappings of one handle differ (%p, %p)\n", m.get(), again.get());
@@ -127,23 +132,29 @@ int main(int argc, char** argv)
     }
   }
   if (argc != 4) {
-    std::fprintf(stderr, "usage: depot-ipc-child HANDLE EXPECT NEXT | --count HANDLE hold|refuse\n");
+    std::fprintf(stderr, "usage: depot-ipc-child HANDLE|--receive EXPECT NEXT | --count HANDLE hold|refuse\n");
     return 1;
   }
   try {
-    const auto h = depot::ipc_handle::from_hex(argv[1]);
+    depot::ipc_received r;  // from the command line: no descriptors (ipc_mapping takes them)
+    if (std::string{argv[1]} == "--receive") {
+      r = depot::ipc_receive(3);
+      ++argv;
+    } else {
+      r.handle = depot::ipc_handle::from_hex(argv[1]);
+    }
     [[maybe_unused]] const int expect = std::atoi(argv[2]);
     [[maybe_unused]] const int next = std::atoi(argv[3]);
-    switch (h.device.kind) {
+    switch (r.handle.device.kind) {
 #if DEPOT_HAS_CUDA
-      case depot::device_kind::cuda: return run<depot::cuda>(h, expect, next);
+      case depot::device_kind::cuda: return run<depot::cuda>(r, expect, next);
 #endif
 #if DEPOT_HAS_HIP
-      case depot::device_kind::hip: return run<depot::hip>(h, expect, next);
+      case depot::device_kind::hip: return run<depot::hip>(r, expect, next);
 #endif
       default: break;
     }
-    std::fprintf(stderr, "depot-ipc-child: this build has no backend for %s\n", h.device.to_string().c_str());
+    std::fprintf(stderr, "depot-ipc-child: this build has no backend for %s\n", r.handle.device.to_string().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "depot-ipc-child: %s\n", e.what());
   }

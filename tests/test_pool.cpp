@@ -15,6 +15,7 @@
 #include <depot/pool/fixed_pool.hpp>
 #include <depot/pool/ipc_handle.hpp>
 #include <depot/pool/ipc_mapping.hpp>
+#include <depot/pool/ipc_received.hpp>
 #include <depot/pool/memory_functions.hpp>
 #include <depot/pool/pool.hpp>
 #include <depot/pool/profile_memory.hpp>
@@ -28,6 +29,8 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -617,14 +620,20 @@ TEST_CASE_TEMPLATE("pool: pointers inside or beside live blocks are refused in e
 
 namespace {
 
-// Runs tests/ipc_child.cpp (built beside this binary) on `handle`; its exit status, or -1.
-int run_ipc_child(const std::string& handle, int expect, int next)
+// tests/ipc_child.cpp's program, built beside this binary.
+std::string ipc_child_path()
 {
   std::string self(4096, '\0');
   const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size());
   REQUIRE(n > 0);
   self.resize(static_cast<std::size_t>(n));
-  const std::string child = self.substr(0, self.rfind('/')) + "/depot-ipc-child";
+  return self.substr(0, self.rfind('/')) + "/depot-ipc-child";
+}
+
+// Runs tests/ipc_child.cpp on `handle`; its exit status, or -1.
+int run_ipc_child(const std::string& handle, int expect, int next)
+{
+  const std::string child = ipc_child_path();
   std::string e = std::to_string(expect);
   std::string x = std::to_string(next);
   std::string h = handle;
@@ -646,11 +655,7 @@ struct counting_child {
   int out = -1;  // its stdout
   counting_child(const std::string& handle, const char* mode)
   {
-    std::string self(4096, '\0');
-    const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size());
-    REQUIRE(n > 0);
-    self.resize(static_cast<std::size_t>(n));
-    const std::string child = self.substr(0, self.rfind('/')) + "/depot-ipc-child";
+    const std::string child = ipc_child_path();
     int to[2];
     int from[2];
     REQUIRE(::pipe2(to, O_CLOEXEC) == 0);
@@ -702,9 +707,37 @@ struct counting_child {
   }
 };
 
+// Runs tests/ipc_child.cpp --receive, sending it h (ipc_send) over a Unix socket on its
+// descriptor 3; its exit status, or -1.
+int run_ipc_child_sent(const depot::ipc_handle& handle, int expect, int next)
+{
+  const std::string child = ipc_child_path();
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  posix_spawn_file_actions_t fa;
+  ::posix_spawn_file_actions_init(&fa);
+  ::posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
+  std::string flag = "--receive";
+  std::string e = std::to_string(expect);
+  std::string x = std::to_string(next);
+  char* args[] = {const_cast<char*>(child.c_str()), flag.data(), e.data(), x.data(), nullptr};
+  pid_t pid = 0;
+  const int rc = ::posix_spawn(&pid, child.c_str(), &fa, nullptr, args, environ);
+  ::posix_spawn_file_actions_destroy(&fa);
+  ::close(sv[1]);
+  REQUIRE(rc == 0);
+  depot::ipc_send(sv[0], handle);
+  ::close(sv[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 // Block p (n bytes, all `value`) exported as h: this process's own handle maps to the block
 // itself; a child process sees `value` in every byte and sets them to value + 1, which this
-// process then reads; a second child, expecting `value`, fails.
+// process then reads; a child sent the handle over a socket (with the page descriptors of
+// an expandable segment's block) sees value + 1 and sets value + 2, read back too; a child
+// expecting `value` fails.
 template <depot::device D>
 void check_shared_with_child(void* p, std::size_t n, const depot::ipc_handle& h, int value)
 {
@@ -713,10 +746,15 @@ void check_shared_with_child(void* p, std::size_t n, const depot::ipc_handle& h,
     CHECK(self.get() == p);
     CHECK(self.size() == h.size);
   }
+  const auto all_are = [&](int v) {
+    std::vector<unsigned char> back(n);
+    depot::runtime<D>::copy(back.data(), p, n);
+    return std::count(back.begin(), back.end(), static_cast<unsigned char>(v)) == static_cast<std::ptrdiff_t>(n);
+  };
   CHECK(run_ipc_child(h.to_hex(), value, value + 1) == 0);
-  std::vector<unsigned char> back(n);
-  depot::runtime<D>::copy(back.data(), p, n);
-  CHECK(std::count(back.begin(), back.end(), static_cast<unsigned char>(value + 1)) == static_cast<std::ptrdiff_t>(n));
+  CHECK(all_are(value + 1));
+  CHECK(run_ipc_child_sent(h, value + 1, value + 2) == 0);
+  CHECK(all_are(value + 2));
   CHECK(run_ipc_child(h.to_hex(), value, 0) == 1);  // the child sees the bytes are no longer `value`
 }
 
@@ -1260,6 +1298,114 @@ TEST_CASE_TEMPLATE("pool: an exported segment is kept while another process maps
     CHECK(a.snapshot().segments.empty());
   }
   CHECK(::fcntl(counts_fd, F_GETFD) == -1);  // the file closed with the allocator
+}
+
+// A handle sent with its page descriptors over a Unix socket (SCM_RIGHTS): the receiver
+// maps the pages from its own descriptors, never taking the exporter's (the handle names
+// process 1, which no test may ptrace: a taking attempt would fail).
+TEST_CASE("pool: a handle and its page descriptors sent over a Unix socket")
+{
+  constexpr std::size_t page = 4 * KiB;
+  constexpr std::size_t count = 300;  // more than one message's 253 descriptors
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  const std::size_t descriptors = open_descriptors();
+  std::vector<int> pages(count);
+  std::vector<unsigned char> bytes(page);
+  for (std::size_t i = 0; i < count; ++i) {
+    pages[i] = static_cast<int>(::syscall(SYS_memfd_create, "depot-test-page", MFD_CLOEXEC));
+    REQUIRE(pages[i] >= 0);
+    std::fill(bytes.begin(), bytes.end(), static_cast<unsigned char>(i % 251 + 1));
+    REQUIRE(::pwrite(pages[i], bytes.data(), page, 0) == static_cast<ssize_t>(page));
+  }
+  depot::ipc_handle h;
+  h.device = depot::device_id{depot::device_kind::cuda, 0};
+  h.process = 1;
+  h.segment = std::uint64_t{1} << 30;
+  h.page = page;
+  h.offset = 100;
+  h.size = h.requested = count * page - 200;
+  h.fds.assign(pages.begin(), pages.end());
+  const auto& fake = fake_pages::backend;
+  fake_pages::opens = fake_pages::closes = 0;
+  // Without its descriptors, this handle cannot be opened here: process 1 refuses.
+  CHECK_THROWS_AS((void)depot::detail::ipc_attach(h, fake), depot::error);
+  depot::ipc_send(sv[0], h);
+  {
+    const depot::ipc_received r = depot::ipc_receive(sv[1]);
+    CHECK(r.handle == h);
+    REQUIRE(r.fds.size() == count);
+    CHECK(open_descriptors() == descriptors + 2 * count);
+    for (std::size_t i = 0; i < count; ++i) {
+      CHECK(r.fds[i] != pages[i]);
+      CHECK((::fcntl(r.fds[i], F_GETFD) & FD_CLOEXEC) != 0);
+    }
+    void* a = depot::detail::ipc_attach(r.handle, fake, r.fds.data());
+    void* b = depot::detail::ipc_attach(h, fake);  // the same segment: counted, nothing taken
+    CHECK(a == b);
+    CHECK(fake_pages::opens == 1);
+    const auto* got = static_cast<const unsigned char*>(a);
+    for (std::size_t i = 0; i < count; ++i) {
+      CHECK(got[i * page] == i % 251 + 1);
+      CHECK(got[i * page + page - 1] == i % 251 + 1);
+    }
+    depot::detail::ipc_detach(h, fake);
+    depot::detail::ipc_detach(h, fake);
+    CHECK(fake_pages::closes == 1);
+    CHECK(open_descriptors() == descriptors + 2 * count);  // the received ones stay with r
+    // Passed on by the receiver: the same handle, descriptors of the same files.
+    depot::ipc_send(sv[1], r);
+    depot::ipc_received again = depot::ipc_receive(sv[0]);
+    CHECK(again.handle == h);
+    REQUIRE(again.fds.size() == count);
+    struct stat x {};
+    struct stat y {};
+    REQUIRE(::fstat(again.fds[count - 1], &x) == 0);
+    REQUIRE(::fstat(pages[count - 1], &y) == 0);
+    CHECK(x.st_ino == y.st_ino);
+    depot::ipc_received moved = std::move(again);
+    CHECK(again.fds.empty());
+    CHECK(moved.fds.size() == count);
+  }
+  for (int fd : pages) ::close(fd);
+  CHECK(open_descriptors() == descriptors);  // every received descriptor closed with its holder
+  // An ordinary segment's handle travels without descriptors.
+  depot::ipc_handle o;
+  o.device = depot::device_id{depot::device_kind::hip, 1};
+  o.process = 77;
+  o.segment = 1 << 21;
+  o.size = o.requested = 512;
+  o.memory.bytes[5] = 9;
+  o.counter_fd = 4;
+  depot::ipc_send(sv[0], o);
+  {
+    const depot::ipc_received r = depot::ipc_receive(sv[1]);
+    CHECK(r.handle == o);
+    CHECK(r.fds.empty());
+  }
+  // Bad input: nothing stays open, each refusal says what was wrong.
+  const auto raw = [&](std::uint32_t length, const std::string& text) {
+    REQUIRE(::write(sv[0], &length, 4) == 4);
+    if (!text.empty()) REQUIRE(::write(sv[0], text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  };
+  raw(8, "nothexxx");
+  CHECK_THROWS_WITH_AS((void)depot::ipc_receive(sv[1]), doctest::Contains("not a hex digit"), depot::invalid_argument);
+  raw(1U << 30, "");
+  CHECK_THROWS_WITH_AS((void)depot::ipc_receive(sv[1]), doctest::Contains("characters announced"),
+                       depot::invalid_argument);
+  depot::ipc_received bad;
+  bad.handle = h;  // 300 pages, no descriptors
+  CHECK_THROWS_WITH_AS(depot::ipc_send(sv[0], bad), doctest::Contains("holds 0 descriptors"), depot::invalid_argument);
+  CHECK_THROWS_WITH_AS(depot::ipc_mapping<depot::host>{bad}, doctest::Contains("holds 0 descriptors, its block spans 300"),
+                       depot::invalid_argument);
+  // The other end gone part way: the handle's text without its descriptors, then closed.
+  const std::string text = h.to_hex();
+  raw(static_cast<std::uint32_t>(text.size()), text);
+  ::close(sv[0]);
+  CHECK_THROWS_WITH_AS((void)depot::ipc_receive(sv[1]), doctest::Contains("the other end closed"), depot::error);
+  CHECK_THROWS_AS(depot::ipc_send(sv[1], o), depot::error);  // no one to send to (EPIPE)
+  ::close(sv[1]);
+  CHECK(open_descriptors() + 2 == descriptors);
 }
 
 TEST_CASE_TEMPLATE("pool: a block used on another stream waits for it before reuse", D,

@@ -6,6 +6,7 @@
 #include <depot/hal/expects.hpp>
 #include <depot/hal/runtime.hpp>
 #include <depot/pool/ipc_handle.hpp>
+#include <depot/pool/ipc_received.hpp>
 
 #include <cstddef>
 #include <string>
@@ -26,8 +27,9 @@ struct ipc_backend {
 // segment the pages it spans, taken from the exporter with pidfd_getfd), opened the first
 // time and counted; ipc_detach closes it when the last mapping of it goes. A handle
 // exported by this process maps to the memory itself (backends refuse to open their own).
-// Thread-safe. Both throw nothing but what opening throws.
-void* ipc_attach(const ipc_handle& h, const ipc_backend& backend);
+// own_fds: the pages' descriptors already in this process (ipc_received; not closed here),
+// used instead of taking them. Thread-safe. Both throw nothing but what opening throws.
+void* ipc_attach(const ipc_handle& h, const ipc_backend& backend, const int* own_fds = nullptr);
 void ipc_detach(const ipc_handle& h, const ipc_backend& backend) noexcept;
 }  // namespace detail
 
@@ -43,17 +45,11 @@ void ipc_detach(const ipc_handle& h, const ipc_backend& backend) noexcept;
 template <device D>
 class ipc_mapping {
  public:
-  explicit ipc_mapping(const ipc_handle& h) : handle_{h}
-  {
-    DEPOT_EXPECTS(h.device.kind == D::kind,
-                  "depot: ipc_mapping<" + std::string{to_string(D::kind)} + "> of a handle from " +
-                      h.device.to_string() + ": open it with ipc_mapping<" +
-                      std::string{to_string(h.device.kind)} + ">");
-    runtime<D>::check_device(h.device.index);
-    // A backend without interprocess memory says so before anything is taken from the exporter.
-    if constexpr (!runtime<D>::has_ipc) (void)runtime<D>::ipc_open(h.memory, h.device.index);
-    base_ = static_cast<unsigned char*>(detail::ipc_attach(h, k_backend));
-  }
+  explicit ipc_mapping(const ipc_handle& h) : ipc_mapping{h, nullptr} {}
+  // A handle received with its page descriptors (ipc_receive): a block of an expandable
+  // segment is mapped from them, without taking the exporter's (no ptrace permission
+  // needed). r keeps its descriptors (the mapping holds the memory).
+  explicit ipc_mapping(const ipc_received& r) : ipc_mapping{r.handle, own_fds_of(r)} {}
   ipc_mapping(ipc_mapping&& o) noexcept : handle_{o.handle_}, base_{std::exchange(o.base_, nullptr)} {}
   ipc_mapping& operator=(ipc_mapping&& o) noexcept
   {
@@ -91,6 +87,25 @@ class ipc_mapping {
     base_ = nullptr;
   }
 
+  static const int* own_fds_of(const ipc_received& r)
+  {
+    if (!r.handle.expandable()) return nullptr;
+    DEPOT_EXPECTS(r.fds.size() == r.handle.fds.size(),
+                  "depot: ipc_mapping of a received handle: it holds " + std::to_string(r.fds.size()) +
+                      " descriptors, its block spans " + std::to_string(r.handle.fds.size()) + " pages");
+    return r.fds.data();
+  }
+  ipc_mapping(const ipc_handle& h, const int* own_fds) : handle_{h}
+  {
+    DEPOT_EXPECTS(h.device.kind == D::kind,
+                  "depot: ipc_mapping<" + std::string{to_string(D::kind)} + "> of a handle from " +
+                      h.device.to_string() + ": open it with ipc_mapping<" +
+                      std::string{to_string(h.device.kind)} + ">");
+    runtime<D>::check_device(h.device.index);
+    // A backend without interprocess memory says so before anything is taken from the exporter.
+    if constexpr (!runtime<D>::has_ipc) (void)runtime<D>::ipc_open(h.memory, h.device.index);
+    base_ = static_cast<unsigned char*>(detail::ipc_attach(h, k_backend, own_fds));
+  }
   ipc_handle handle_;
   unsigned char* base_ = nullptr;
 };

@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#include <depot/hal/error.hpp>
+#include <depot/hal/expects.hpp>
+#include <depot/pool/ipc_received.hpp>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace depot {
+
+namespace {
+
+// What one message carries: the kernel's SCM_MAX_FD.
+constexpr std::size_t k_fds_per_message = 253;
+// The longest handle text accepted (a block of 2^20 pages: 2 TiB of 2 MiB pages).
+constexpr std::size_t k_max_text = ipc_handle::expandable_hex_length(std::size_t{1} << 20);
+
+[[noreturn]] void fail(const char* call, const std::string& what, int e)
+{
+  throw error("depot: " + std::string{call} + ": " + what + ": " + std::strerror(e), call, __FILE__, __LINE__, e,
+              "ipc");
+}
+
+// The text (its length first, 4 bytes) with the descriptors: as many as a message takes go
+// with the text's first bytes sent, the rest with one byte '+' each further message.
+void send(int socket, const std::string& text, const std::vector<int>& fds)
+{
+  DEPOT_EXPECTS(text.size() <= k_max_text, "depot: ipc_send: a handle of " + std::to_string(text.size()) +
+                                                " characters is longer than the " + std::to_string(k_max_text) +
+                                                " that ipc_receive takes");
+  std::string data(4, '\0');
+  const auto n = static_cast<std::uint32_t>(text.size());
+  std::memcpy(data.data(), &n, 4);
+  data += text;
+  std::size_t off = 0;
+  std::size_t fd_at = 0;
+  char plus = '+';
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * k_fds_per_message)];
+  while (off < data.size() || fd_at < fds.size()) {
+    const std::size_t k = std::min(k_fds_per_message, fds.size() - fd_at);
+    iovec io{};
+    if (off < data.size()) {
+      io.iov_base = data.data() + off;
+      io.iov_len = data.size() - off;
+    } else {
+      io.iov_base = &plus;
+      io.iov_len = 1;
+    }
+    msghdr m{};
+    m.msg_iov = &io;
+    m.msg_iovlen = 1;
+    if (k > 0) {
+      std::memset(control, 0, sizeof control);
+      m.msg_control = control;
+      m.msg_controllen = CMSG_SPACE(sizeof(int) * k);
+      cmsghdr* c = CMSG_FIRSTHDR(&m);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * k);
+      std::memcpy(CMSG_DATA(c), fds.data() + fd_at, sizeof(int) * k);
+    }
+    const ssize_t sent = ::sendmsg(socket, &m, MSG_NOSIGNAL);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      fail("sendmsg", "ipc_send on socket " + std::to_string(socket) + " could not send the handle" +
+                          (k > 0 ? " and " + std::to_string(k) + " descriptors" : std::string{}),
+           errno);
+    }
+    fd_at += k;  // they went with the first byte sent
+    if (off < data.size()) off += static_cast<std::size_t>(sent);
+  }
+}
+
+}  // namespace
+
+ipc_received::ipc_received(ipc_received&& o) noexcept : handle{std::move(o.handle)}, fds{std::exchange(o.fds, {})} {}
+
+ipc_received& ipc_received::operator=(ipc_received&& o) noexcept
+{
+  if (this != &o) {
+    for (int fd : fds) ::close(fd);
+    handle = std::move(o.handle);
+    fds = std::exchange(o.fds, {});
+  }
+  return *this;
+}
+
+ipc_received::~ipc_received()
+{
+  for (int fd : fds) ::close(fd);
+}
+
+void ipc_send(int socket, const ipc_handle& h) { send(socket, h.to_hex(), h.expandable() ? std::vector<int>(h.fds.begin(), h.fds.end()) : std::vector<int>{}); }
+
+void ipc_send(int socket, const ipc_received& r)
+{
+  DEPOT_EXPECTS(r.fds.size() == (r.handle.expandable() ? r.handle.fds.size() : 0),
+                "depot: ipc_send: the received handle holds " + std::to_string(r.fds.size()) +
+                    " descriptors, its block spans " + std::to_string(r.handle.fds.size()) + " pages");
+  send(socket, r.handle.to_hex(), r.fds);
+}
+
+ipc_received ipc_receive(int socket)
+{
+  ipc_received r;  // owns every descriptor taken in: closed if anything below throws
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * k_fds_per_message)];
+  const auto read_exactly = [&](char* into, std::size_t bytes) {
+    for (std::size_t got = 0; got < bytes;) {
+      iovec io{into + got, bytes - got};
+      msghdr m{};
+      m.msg_iov = &io;
+      m.msg_iovlen = 1;
+      m.msg_control = control;
+      m.msg_controllen = sizeof control;
+      const ssize_t n = ::recvmsg(socket, &m, MSG_CMSG_CLOEXEC);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        fail("recvmsg", "ipc_receive on socket " + std::to_string(socket), errno);
+      }
+      for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        const std::size_t at = r.fds.size();
+        r.fds.resize(at + k);  // (bad_alloc: the kernel's copies would leak; not worth a guard)
+        std::memcpy(r.fds.data() + at, CMSG_DATA(c), k * sizeof(int));
+      }
+      if ((m.msg_flags & MSG_CTRUNC) != 0) {
+        fail("recvmsg", "ipc_receive on socket " + std::to_string(socket) +
+                            ": descriptors were dropped (this process's limit of open files?)",
+             EMFILE);
+      }
+      if (n == 0) {
+        fail("recvmsg", "ipc_receive on socket " + std::to_string(socket) + ": the other end closed after " +
+                            std::to_string(got) + " of " + std::to_string(bytes) + " bytes",
+             ECONNRESET);
+      }
+      got += static_cast<std::size_t>(n);
+    }
+  };
+  std::uint32_t length = 0;
+  read_exactly(reinterpret_cast<char*>(&length), 4);
+  DEPOT_EXPECTS(length <= k_max_text, "depot: ipc_receive: a handle of " + std::to_string(length) +
+                                          " characters announced, at most " + std::to_string(k_max_text) +
+                                          " taken (is the other end ipc_send?)");
+  std::string text(length, '\0');
+  read_exactly(text.data(), length);
+  r.handle = ipc_handle::from_hex(text);
+  const std::size_t expected = r.handle.expandable() ? r.handle.fds.size() : 0;
+  while (r.fds.size() < expected) {
+    char plus = 0;
+    read_exactly(&plus, 1);
+    DEPOT_EXPECTS(plus == '+', "depot: ipc_receive: expected more descriptors, got data (is the other end ipc_send?)");
+  }
+  DEPOT_EXPECTS(r.fds.size() == expected, "depot: ipc_receive: " + std::to_string(r.fds.size()) +
+                                              " descriptors came with a handle of " + std::to_string(expected) +
+                                              " pages");
+  return r;
+}
+
+}  // namespace depot
