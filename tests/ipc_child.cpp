@@ -138,8 +138,7 @@ int main(int argc, char** argv)
   try {
     depot::ipc_received r;  // from the command line: no descriptors (ipc_mapping takes them)
     if (std::string{argv[1]} == "--receive") {
-      r = depot::ipc_receive(3);
-      ++argv;
+      r = depot::ipc_receive(3);  // (EXPECT and NEXT in the same places as after a HANDLE)
     } else {
       r.handle = depot::ipc_handle::from_hex(argv[1]);
     }
