@@ -31,6 +31,7 @@
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/pool/detail/allocator_core.hpp>
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -38,20 +39,20 @@
 #include <array>
 #include <atomic>
 #include <bit>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cerrno>
-#include <string>
 #include <functional>
 #include <limits>
 #include <mutex>
 #include <shared_mutex>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -157,6 +158,7 @@ struct segment {  // of the large pool, or of the small pool's linked part
   bool exported = false;  // shared with other processes: released only while no importer maps it
   std::int64_t* importers = nullptr;  // exported: its slot of importer_counts
   std::uint32_t importer_slot = 0;
+  int importer_fd = -1;  // and that file (the allocator's)
   stream_cache* cache = nullptr;
   block* head = nullptr;
   block* last = nullptr;  // the block that ends it
@@ -379,6 +381,7 @@ struct small_segment {
   bool exported = false;  // shared with other processes: released only while no importer maps it
   std::int64_t* importers = nullptr;  // exported: its slot of importer_counts
   std::uint32_t importer_slot = 0;
+  int importer_fd = -1;  // and that file (the allocator's)
   [[nodiscard]] bool whole_free() const noexcept
   {
     return units[0].size == k_seg_units && units[0].state == block_state::free;
@@ -1184,10 +1187,12 @@ static_assert(sizeof(thread_caches) <= 176);
 }  // namespace
 
 // Where other processes count themselves as importers of this allocator's exported
-// ordinary segments (ipc_mapping: +1 before its backend mapping opens, -1 after it closes):
-// a memfd of 8-byte counters, one slot per segment ever exported, never reused (a late
-// importer of a released segment touches only that segment's stale slot), mapped here in
-// chunks. Made at the first export; importers reach it as /proc/PID/fd/FD. Thread-safe.
+// ordinary segments (ipc_mapping: +1 before its backend mapping opens, -1 after it closes)
+// and hold a read lock (an open-file-description lock on the slot's 8 bytes, kept while
+// they map the segment, dropped by the kernel when such a process dies): a memfd of 8-byte
+// counters, one slot per segment ever exported, never reused (a late importer of a released
+// segment touches only that segment's stale slot), mapped here in chunks. Made at the first
+// export; importers reach it as /proc/PID/fd/FD. Thread-safe.
 class importer_counts {
  public:
   struct slot {
@@ -1235,10 +1240,23 @@ class importer_counts {
     return {static_cast<std::int64_t*>(chunks_[chunk]) + i % k_chunk, i, fd_};
   }
   [[nodiscard]] int fd() const noexcept { return fd_; }  // after a take()
-  // The processes that have the segment of slot `count` mapped now.
+  // The processes that counted themselves in at slot `count` and not out (one killed
+  // before it could stays counted).
   static std::int64_t load(std::int64_t* count) noexcept
   {
     return std::atomic_ref<std::int64_t>{*count}.load(std::memory_order_acquire);
+  }
+  // Whether a live process holds slot `slot` of file `fd` (its read lock): what releasing
+  // decides by, so an importer that died without detaching does not pin the segment.
+  static bool held(int fd, std::uint32_t slot) noexcept
+  {
+    struct flock l {};
+    l.l_type = F_WRLCK;
+    l.l_whence = SEEK_SET;
+    l.l_start = static_cast<off_t>(std::uint64_t{slot} * sizeof(std::int64_t));
+    l.l_len = sizeof(std::int64_t);
+    if (::fcntl(fd, F_OFD_GETLK, &l) != 0) return true;  // cannot tell: keep the segment
+    return l.l_type != F_UNLCK;
   }
 
  private:
@@ -1254,7 +1272,7 @@ class importer_counts {
 template <class S>
 bool imported(const S& s) noexcept
 {
-  return s.exported && importer_counts::load(s.importers) > 0;
+  return s.exported && importer_counts::held(s.importer_fd, s.importer_slot);
 }
 
 struct allocator_core::impl {
@@ -2798,6 +2816,7 @@ ipc_handle allocator_core::ipc_export(void* ptr)
       const importer_counts::slot k = m.importers.take(m.dev);
       seg.importers = k.count;
       seg.importer_slot = k.index;
+      seg.importer_fd = k.fd;
     }
     h.memory = m.up->ipc_export(reinterpret_cast<void*>(seg.addr));  // throws: nothing else changed
     seg.exported = true;
@@ -2831,7 +2850,7 @@ allocator_snapshot allocator_core::snapshot() const
       si.small_pool = s->small;
       si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
       si.exported = s->exported || std::any_of(s->shared.begin(), s->shared.end(), [](const segment::shared_page& g) { return g.fd >= 0; });
-      si.importers = s->exported ? importer_counts::load(s->importers) : 0;
+      si.importers = imported(*s) ? importer_counts::load(s->importers) : 0;
       si.reserved = s->reserved;
       si.size = s->size - s->unmapped;  // mapped: holes' blocks (state unmapped) are not reserved
       for (const block* b = s->head; b != nullptr; b = b->next) {
@@ -2847,7 +2866,7 @@ allocator_snapshot allocator_core::snapshot() const
       si.small_pool = true;
       si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
       si.exported = s->exported;
-      si.importers = s->exported ? importer_counts::load(s->importers) : 0;
+      si.importers = imported(*s) ? importer_counts::load(s->importers) : 0;
       for (unsigned u = 0; u < k_seg_units; u += s->units[u].size) {
         const unit_entry& e = s->units[u];
         si.blocks.push_back(block_info{s->addr + unit_bytes(u), unit_bytes(e.size),

@@ -91,6 +91,7 @@ struct opened {
   // closes, so the exporter never releases a segment another process has mapped.
   void* counts = nullptr;
   std::int64_t* count = nullptr;
+  int counts_fd = -1;  // holds the read lock on the slot (the exporter's test of liveness)
 };
 
 std::mutex& registry_mutex()
@@ -306,12 +307,25 @@ void count_in(const ipc_handle& h, opened& o)
     ::close(fd);
     fail("slot " + std::to_string(h.counter_slot) + " lies past the end of", EINVAL);
   }
+  struct flock l {};
+  l.l_type = F_RDLCK;
+  l.l_whence = SEEK_SET;
+  l.l_start = static_cast<off_t>(at);
+  l.l_len = sizeof(std::int64_t);
+  if (::fcntl(fd, F_OFD_SETLK, &l) != 0) {
+    const int e = errno;
+    ::close(fd);
+    fail("could not lock slot " + std::to_string(h.counter_slot) + " of", e);
+  }
   const std::size_t page = page_size();
   const std::uint64_t first = at / page * page;
   void* m = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(first));
-  const int e = errno;
-  ::close(fd);  // the mapping holds the file
-  if (m == MAP_FAILED) fail("could not map", e);
+  if (m == MAP_FAILED) {
+    const int e = errno;
+    ::close(fd);
+    fail("could not map", e);
+  }
+  o.counts_fd = fd;  // kept open: its lock says this process maps the segment
   o.counts = m;
   o.count = reinterpret_cast<std::int64_t*>(static_cast<unsigned char*>(m) + (at - first));
   std::atomic_ref<std::int64_t>{*o.count}.fetch_add(1, std::memory_order_acq_rel);
@@ -323,8 +337,10 @@ void count_out(opened& o) noexcept
   if (o.count == nullptr) return;
   std::atomic_ref<std::int64_t>{*o.count}.fetch_sub(1, std::memory_order_acq_rel);
   ::munmap(o.counts, page_size());
+  ::close(o.counts_fd);  // the lock goes with it
   o.counts = nullptr;
   o.count = nullptr;
+  o.counts_fd = -1;
 }
 
 }  // namespace

@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -691,7 +692,12 @@ struct counting_child {
   // Lets it go on (a line on its stdin), reads the rest of its output; its exit status.
   int finish(std::string* rest = nullptr)
   {
-    if (pid < 0) return -1;
+    if (pid < 0) {  // (killed and reaped by the test)
+      for (int* fd : {&in, &out}) {
+        if (*fd >= 0) ::close(std::exchange(*fd, -1));
+      }
+      return -1;
+    }
     if (in >= 0) {
       (void)::write(in, "\n", 1);
       ::close(std::exchange(in, -1));
@@ -1293,7 +1299,22 @@ TEST_CASE_TEMPLATE("pool: an exported segment is kept while another process maps
     bad.process = static_cast<std::uint64_t>(gone);
     refused_with(bad, "the exporting process has exited");
     CHECK(segment_of(h4.segment).importers == 0);
-    a.deallocate(p4);
+    // An importer killed while it maps the segment never counts itself out, but its lock on
+    // the slot dies with it: the segment is released all the same (and shows no importer).
+    {
+      counting_child killed{sent(h4), "hold"};
+      REQUIRE(killed.line() == "attached");
+      CHECK(segment_of(h4.segment).importers == 1);
+      a.deallocate(p4);
+      a.empty_cache();
+      CHECK(a.snapshot().segments.size() == 1);  // kept while it lives
+      REQUIRE(::kill(killed.pid, SIGKILL) == 0);
+      int status = 0;
+      REQUIRE(::waitpid(killed.pid, &status, 0) == killed.pid);
+      CHECK(WIFSIGNALED(status));
+      killed.pid = -1;
+    }
+    CHECK(segment_of(h4.segment).importers == 0);
     a.empty_cache();
     CHECK(a.snapshot().segments.empty());
   }
