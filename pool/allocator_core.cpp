@@ -158,7 +158,6 @@ struct segment {  // of the large pool, or of the small pool's linked part
   bool exported = false;  // shared with other processes: released only while no importer maps it
   std::int64_t* importers = nullptr;  // exported: its slot of importer_counts
   std::uint32_t importer_slot = 0;
-  int importer_fd = -1;  // and that file (the allocator's)
   stream_cache* cache = nullptr;
   block* head = nullptr;
   block* last = nullptr;  // the block that ends it
@@ -381,7 +380,6 @@ struct small_segment {
   bool exported = false;  // shared with other processes: released only while no importer maps it
   std::int64_t* importers = nullptr;  // exported: its slot of importer_counts
   std::uint32_t importer_slot = 0;
-  int importer_fd = -1;  // and that file (the allocator's)
   [[nodiscard]] bool whole_free() const noexcept
   {
     return units[0].size == k_seg_units && units[0].state == block_state::free;
@@ -1198,7 +1196,6 @@ class importer_counts {
   struct slot {
     std::int64_t* count = nullptr;
     std::uint32_t index = 0;
-    int fd = -1;
   };
   importer_counts() = default;
   importer_counts(const importer_counts&) = delete;
@@ -1237,7 +1234,7 @@ class importer_counts {
       chunks_.push_back(m);
     }
     ++next_;
-    return {static_cast<std::int64_t*>(chunks_[chunk]) + i % k_chunk, i, fd_};
+    return {static_cast<std::int64_t*>(chunks_[chunk]) + i % k_chunk, i};
   }
   [[nodiscard]] int fd() const noexcept { return fd_; }  // after a take()
   // The processes that counted themselves in at slot `count` and not out (one killed
@@ -1267,13 +1264,6 @@ class importer_counts {
   std::uint32_t next_ = 0;
   std::vector<void*> chunks_;
 };
-
-// Whether an exported segment (ordinary) is mapped by another process now.
-template <class S>
-bool imported(const S& s) noexcept
-{
-  return s.exported && importer_counts::held(s.importer_fd, s.importer_slot);
-}
 
 struct allocator_core::impl {
   impl(std::unique_ptr<upstream_resource> u, allocator_config c, bool a)
@@ -2050,13 +2040,19 @@ struct allocator_core::impl {
     }
   }
 
+  // Whether an exported (ordinary) segment is mapped by another process now.
+  template <class S>
+  bool imported(const S& s) const noexcept
+  {
+    return s.exported && importer_counts::held(importers.fd(), s.importer_slot);
+  }
   // Whether a segment may go back to the upstream now: wholly free, and not mapped by
   // another process (an exported segment is kept while importers count themselves in).
-  static bool releasable(const segment& s) noexcept
+  bool releasable(const segment& s) const noexcept
   {
     return s.head->whole() && s.head->state == block_state::free && !imported(s);
   }
-  static bool releasable(const small_segment& s) noexcept { return s.whole_free() && !imported(s); }
+  bool releasable(const small_segment& s) const noexcept { return s.whole_free() && !imported(s); }
 
   void release_free_segments(stream_cache& c) noexcept
   {
@@ -2816,7 +2812,6 @@ ipc_handle allocator_core::ipc_export(void* ptr)
       const importer_counts::slot k = m.importers.take(m.dev);
       seg.importers = k.count;
       seg.importer_slot = k.index;
-      seg.importer_fd = k.fd;
     }
     h.memory = m.up->ipc_export(reinterpret_cast<void*>(seg.addr));  // throws: nothing else changed
     seg.exported = true;
@@ -2850,7 +2845,7 @@ allocator_snapshot allocator_core::snapshot() const
       si.small_pool = s->small;
       si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
       si.exported = s->exported || std::any_of(s->shared.begin(), s->shared.end(), [](const segment::shared_page& g) { return g.fd >= 0; });
-      si.importers = imported(*s) ? importer_counts::load(s->importers) : 0;
+      si.importers = m.imported(*s) ? importer_counts::load(s->importers) : 0;
       si.reserved = s->reserved;
       si.size = s->size - s->unmapped;  // mapped: holes' blocks (state unmapped) are not reserved
       for (const block* b = s->head; b != nullptr; b = b->next) {
@@ -2866,7 +2861,7 @@ allocator_snapshot allocator_core::snapshot() const
       si.small_pool = true;
       si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
       si.exported = s->exported;
-      si.importers = imported(*s) ? importer_counts::load(s->importers) : 0;
+      si.importers = m.imported(*s) ? importer_counts::load(s->importers) : 0;
       for (unsigned u = 0; u < k_seg_units; u += s->units[u].size) {
         const unit_entry& e = s->units[u];
         si.blocks.push_back(block_info{s->addr + unit_bytes(u), unit_bytes(e.size),

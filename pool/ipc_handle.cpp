@@ -231,6 +231,13 @@ namespace {
 
 segment_key key_of(const ipc_handle& h) { return {h.device, h.process, h.segment, h.memory, h.page, h.fds}; }
 
+// The exporter's process id, which names it to pidfd_open and in /proc.
+void check_process(const ipc_handle& h)
+{
+  DEPOT_EXPECTS(h.process <= 0x7FFFFFFFU && h.process != 0,
+                "depot: ipc_mapping: process id " + std::to_string(h.process) + " is out of range [1, 2^31)");
+}
+
 // Descriptors of this process for the exporter's page descriptors of `h` (pidfd_getfd).
 // Throws depot::error naming the exporter, the descriptor and what would let it through;
 // nothing stays open then.
@@ -253,8 +260,7 @@ std::vector<int> take_descriptors(const ipc_handle& h)
                     ": " + what + ": " + why,
                 "pidfd_getfd", __FILE__, __LINE__, e, "ipc");
   };
-  DEPOT_EXPECTS(h.process <= 0x7FFFFFFFU && h.process != 0,
-                "depot: ipc_mapping: process id " + std::to_string(h.process) + " is out of range [1, 2^31)");
+  check_process(h);
   std::vector<int> fds;
   fds.reserve(h.fds.size());  // may throw: nothing open yet
   const long pidfd = ::syscall(k_sys_pidfd_open, static_cast<pid_t>(h.process), 0);
@@ -280,8 +286,7 @@ std::size_t page_size() noexcept { return static_cast<std::size_t>(::sysconf(_SC
 // process to the count. Throws depot::error naming the exporter, the file and the cause.
 void count_in(const ipc_handle& h, opened& o)
 {
-  DEPOT_EXPECTS(h.process <= 0x7FFFFFFFU && h.process != 0,
-                "depot: ipc_mapping: process id " + std::to_string(h.process) + " is out of range [1, 2^31)");
+  check_process(h);
   const std::string path = "/proc/" + std::to_string(h.process) + "/fd/" + std::to_string(h.counter_fd);
   const auto fail = [&](const std::string& what, int e) {
     std::string why = std::strerror(e);
@@ -362,18 +367,20 @@ void* ipc_attach(const ipc_handle& h, const ipc_backend& backend, const int* own
           throw;
         }
       } else {
-        if (own_fds != nullptr) {  // received with the handle (ipc_received): the caller's
-          it->second.base = backend.open_pages(own_fds, h.fds.size(), static_cast<std::size_t>(h.page), h.device.index);
-        } else {
-          const std::vector<int> fds = take_descriptors(h);
-          try {
-            it->second.base = backend.open_pages(fds.data(), fds.size(), static_cast<std::size_t>(h.page), h.device.index);
-          } catch (...) {
-            for (int f : fds) ::close(f);
-            throw;
-          }
-          for (int f : fds) ::close(f);  // the mapping holds the memory
+        // The caller's descriptors (received with the handle: ipc_received), or ones taken
+        // from the exporter, closed here once mapped (the mapping holds the memory).
+        const std::vector<int> taken = own_fds == nullptr ? take_descriptors(h) : std::vector<int>{};
+        const auto close_taken = [&]() noexcept {
+          for (int f : taken) ::close(f);
+        };
+        try {
+          it->second.base = backend.open_pages(own_fds != nullptr ? own_fds : taken.data(), h.fds.size(),
+                                               static_cast<std::size_t>(h.page), h.device.index);
+        } catch (...) {
+          close_taken();
+          throw;
         }
+        close_taken();
       }
     } catch (...) {
       r.erase(it);

@@ -98,7 +98,11 @@ ipc_received::~ipc_received()
   for (int fd : fds) ::close(fd);
 }
 
-void ipc_send(int socket, const ipc_handle& h) { send(socket, h.to_hex(), h.expandable() ? std::vector<int>(h.fds.begin(), h.fds.end()) : std::vector<int>{}); }
+void ipc_send(int socket, const ipc_handle& h)
+{
+  // (an ordinary segment's handle goes without descriptors, whatever its fds hold)
+  send(socket, h.to_hex(), h.expandable() ? std::vector<int>(h.fds.begin(), h.fds.end()) : std::vector<int>{});
+}
 
 void ipc_send(int socket, const ipc_received& r)
 {

@@ -631,22 +631,38 @@ std::string ipc_child_path()
   return self.substr(0, self.rfind('/')) + "/depot-ipc-child";
 }
 
-// Runs tests/ipc_child.cpp on `handle`; its exit status, or -1.
-int run_ipc_child(const std::string& handle, int expect, int next)
+// Starts tests/ipc_child.cpp with `args`, each (from, to) of `fds` made its descriptor `to`.
+pid_t spawn_ipc_child(std::vector<std::string> args, std::initializer_list<std::pair<int, int>> fds = {})
 {
-  const std::string child = ipc_child_path();
-  std::string e = std::to_string(expect);
-  std::string x = std::to_string(next);
-  std::string h = handle;
-  char* args[] = {const_cast<char*>(child.c_str()), h.data(), e.data(), x.data(), nullptr};
-  // The child takes an expandable segment's page descriptors from this process (pidfd_getfd):
-  // where Yama's ptrace_scope is 1 a child may do so only when named (EINVAL without Yama).
-  (void)::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-  pid_t pid = 0;
-  REQUIRE(::posix_spawn(&pid, child.c_str(), nullptr, nullptr, args, environ) == 0);
+  std::string child = ipc_child_path();
+  std::vector<char*> argv{child.data()};
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  ::posix_spawn_file_actions_init(&fa);
+  for (auto [from, to] : fds) ::posix_spawn_file_actions_adddup2(&fa, from, to);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, child.c_str(), &fa, nullptr, argv.data(), environ);
+  ::posix_spawn_file_actions_destroy(&fa);
+  REQUIRE(rc == 0);
+  return pid;
+}
+
+// The exit status of child `pid` once it ends, or -1 (killed).
+int exit_status(pid_t pid)
+{
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Runs tests/ipc_child.cpp on `handle`; its exit status, or -1.
+int run_ipc_child(const std::string& handle, int expect, int next)
+{
+  // The child takes an expandable segment's page descriptors from this process (pidfd_getfd):
+  // where Yama's ptrace_scope is 1 a child may do so only when named (EINVAL without Yama).
+  (void)::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  return exit_status(spawn_ipc_child({handle, std::to_string(expect), std::to_string(next)}));
 }
 
 // depot-ipc-child --count HANDLE MODE, running, its stdin and stdout (stderr too) piped.
@@ -656,27 +672,15 @@ struct counting_child {
   int out = -1;  // its stdout
   counting_child(const std::string& handle, const char* mode)
   {
-    const std::string child = ipc_child_path();
     int to[2];
     int from[2];
     REQUIRE(::pipe2(to, O_CLOEXEC) == 0);
     REQUIRE(::pipe2(from, O_CLOEXEC) == 0);
-    posix_spawn_file_actions_t fa;
-    ::posix_spawn_file_actions_init(&fa);
-    ::posix_spawn_file_actions_adddup2(&fa, to[0], 0);
-    ::posix_spawn_file_actions_adddup2(&fa, from[1], 1);
-    ::posix_spawn_file_actions_adddup2(&fa, from[1], 2);
-    std::string flag = "--count";
-    std::string h = handle;
-    std::string m = mode;
-    char* args[] = {const_cast<char*>(child.c_str()), flag.data(), h.data(), m.data(), nullptr};
-    const int rc = ::posix_spawn(&pid, child.c_str(), &fa, nullptr, args, environ);
-    ::posix_spawn_file_actions_destroy(&fa);
-    ::close(to[0]);
-    ::close(from[1]);
     in = to[1];
     out = from[0];
-    REQUIRE(rc == 0);
+    pid = spawn_ipc_child({"--count", handle, mode}, {{to[0], 0}, {from[1], 1}, {from[1], 2}});
+    ::close(to[0]);
+    ::close(from[1]);
   }
   counting_child(const counting_child&) = delete;
   counting_child& operator=(const counting_child&) = delete;
@@ -707,7 +711,7 @@ struct counting_child {
     for (ssize_t k; (k = ::read(out, buf, sizeof buf)) > 0;) all.append(buf, static_cast<std::size_t>(k));
     ::close(std::exchange(out, -1));
     int status = 0;
-    (void)::waitpid(std::exchange(pid, -1), &status, 0);
+    (void)::waitpid(std::exchange(pid, -1), &status, 0);  // (no REQUIRE: runs in the destructor)
     if (rest != nullptr) *rest = all;
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
@@ -717,26 +721,13 @@ struct counting_child {
 // descriptor 3; its exit status, or -1.
 int run_ipc_child_sent(const depot::ipc_handle& handle, int expect, int next)
 {
-  const std::string child = ipc_child_path();
   int sv[2];
   REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
-  posix_spawn_file_actions_t fa;
-  ::posix_spawn_file_actions_init(&fa);
-  ::posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
-  std::string flag = "--receive";
-  std::string e = std::to_string(expect);
-  std::string x = std::to_string(next);
-  char* args[] = {const_cast<char*>(child.c_str()), flag.data(), e.data(), x.data(), nullptr};
-  pid_t pid = 0;
-  const int rc = ::posix_spawn(&pid, child.c_str(), &fa, nullptr, args, environ);
-  ::posix_spawn_file_actions_destroy(&fa);
+  const pid_t pid = spawn_ipc_child({"--receive", std::to_string(expect), std::to_string(next)}, {{sv[1], 3}});
   ::close(sv[1]);
-  REQUIRE(rc == 0);
   depot::ipc_send(sv[0], handle);
   ::close(sv[0]);
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return exit_status(pid);
 }
 
 // Block p (n bytes, all `value`) exported as h: this process's own handle maps to the block
@@ -1309,9 +1300,7 @@ TEST_CASE_TEMPLATE("pool: an exported segment is kept while another process maps
       a.empty_cache();
       CHECK(a.snapshot().segments.size() == 1);  // kept while it lives
       REQUIRE(::kill(killed.pid, SIGKILL) == 0);
-      int status = 0;
-      REQUIRE(::waitpid(killed.pid, &status, 0) == killed.pid);
-      CHECK(WIFSIGNALED(status));
+      CHECK(exit_status(killed.pid) == -1);  // killed by the signal
       killed.pid = -1;
     }
     CHECK(segment_of(h4.segment).importers == 0);
