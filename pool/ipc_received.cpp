@@ -4,11 +4,15 @@
 #include <depot/hal/expects.hpp>
 #include <depot/pool/ipc_received.hpp>
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <limits>
+#include <optional>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -29,9 +33,49 @@ constexpr std::size_t k_max_text = ipc_handle::expandable_hex_length(std::size_t
               "ipc");
 }
 
+// When a call that waits must be done by (nullopt: no limit).
+using deadline = std::optional<std::chrono::steady_clock::time_point>;
+
+deadline deadline_after(std::chrono::milliseconds timeout)
+{
+  DEPOT_EXPECTS(timeout.count() >= 0, "depot: ipc_send / ipc_receive: timeout of " + std::to_string(timeout.count()) +
+                                          " ms; it must be 0 or more (0: only what is ready now)");
+  // (beyond a century: no limit, rather than a time point that overflows)
+  if (timeout > std::chrono::hours{24 * 366 * 100}) return std::nullopt;
+  return std::chrono::steady_clock::now() + timeout;
+}
+
+// Waits until `socket` is ready for `events` (POLLIN or POLLOUT) or `until` passes; false
+// then. Without a deadline, waits as long as it takes (a blocking socket's recvmsg or
+// sendmsg would have; a non-blocking one lands here on EAGAIN).
+bool wait_ready(int socket, short events, const deadline& until, const char* what)
+{
+  for (;;) {
+    int ms = -1;
+    if (until) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(*until - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      ms = static_cast<int>(std::min<std::int64_t>(left.count(), std::numeric_limits<int>::max()));
+    }
+    pollfd p{socket, events, 0};
+    const int n = ::poll(&p, 1, ms);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("poll", std::string{what} + " on socket " + std::to_string(socket), errno);
+    }
+    if (n > 0) return true;  // ready, or an error / hang-up the next call reports
+  }
+}
+
+std::string waited(std::chrono::milliseconds timeout)
+{
+  return "nothing more within the timeout of " + std::to_string(timeout.count()) + " ms";
+}
+
 // The text (its length first, 4 bytes) with the descriptors: as many as a message takes go
 // with the text's first bytes sent, the rest with one byte '+' each further message.
-void send(int socket, const std::string& text, const std::vector<int>& fds)
+void send(int socket, const std::string& text, const std::vector<int>& fds, const deadline& until,
+          std::chrono::milliseconds timeout)
 {
   DEPOT_EXPECTS(text.size() <= k_max_text, "depot: ipc_send: a handle of " + std::to_string(text.size()) +
                                                 " characters is longer than the " + std::to_string(k_max_text) +
@@ -44,6 +88,8 @@ void send(int socket, const std::string& text, const std::vector<int>& fds)
   std::size_t fd_at = 0;
   char plus = '+';
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * k_fds_per_message)];
+  // With a deadline, no call may block past it: each send waits in poll() first.
+  const int flags = MSG_NOSIGNAL | (until ? MSG_DONTWAIT : 0);
   while (off < data.size() || fd_at < fds.size()) {
     const std::size_t k = std::min(k_fds_per_message, fds.size() - fd_at);
     iovec io{};
@@ -67,9 +113,17 @@ void send(int socket, const std::string& text, const std::vector<int>& fds)
       c->cmsg_len = CMSG_LEN(sizeof(int) * k);
       std::memcpy(CMSG_DATA(c), fds.data() + fd_at, sizeof(int) * k);
     }
-    const ssize_t sent = ::sendmsg(socket, &m, MSG_NOSIGNAL);
+    const ssize_t sent = ::sendmsg(socket, &m, flags);
     if (sent < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {  // a full socket (or a non-blocking one)
+        if (wait_ready(socket, POLLOUT, until, "ipc_send")) continue;
+        fail("sendmsg", "ipc_send on socket " + std::to_string(socket) + ": sent " + std::to_string(off) + " of " +
+                            std::to_string(data.size()) + " bytes and " + std::to_string(fd_at) + " of " +
+                            std::to_string(fds.size()) + " descriptors, " + waited(timeout) +
+                            " (the receiver is not reading; the socket is mid-handle now: close it)",
+             ETIMEDOUT);
+      }
       fail("sendmsg", "ipc_send on socket " + std::to_string(socket) + " could not send the handle" +
                           (k > 0 ? " and " + std::to_string(k) + " descriptors" : std::string{}),
            errno);
@@ -79,43 +133,11 @@ void send(int socket, const std::string& text, const std::vector<int>& fds)
   }
 }
 
-}  // namespace
-
-ipc_received::ipc_received(ipc_received&& o) noexcept : handle{std::move(o.handle)}, fds{std::exchange(o.fds, {})} {}
-
-ipc_received& ipc_received::operator=(ipc_received&& o) noexcept
-{
-  if (this != &o) {
-    for (int fd : fds) ::close(fd);
-    handle = std::move(o.handle);
-    fds = std::exchange(o.fds, {});
-  }
-  return *this;
-}
-
-ipc_received::~ipc_received()
-{
-  for (int fd : fds) ::close(fd);
-}
-
-void ipc_send(int socket, const ipc_handle& h)
-{
-  // (an ordinary segment's handle goes without descriptors, whatever its fds hold)
-  send(socket, h.to_hex(), h.expandable() ? std::vector<int>(h.fds.begin(), h.fds.end()) : std::vector<int>{});
-}
-
-void ipc_send(int socket, const ipc_received& r)
-{
-  DEPOT_EXPECTS(r.fds.size() == (r.handle.expandable() ? r.handle.fds.size() : 0),
-                "depot: ipc_send: the received handle holds " + std::to_string(r.fds.size()) +
-                    " descriptors, its block spans " + std::to_string(r.handle.fds.size()) + " pages");
-  send(socket, r.handle.to_hex(), r.fds);
-}
-
-ipc_received ipc_receive(int socket)
+ipc_received receive(int socket, const deadline& until, std::chrono::milliseconds timeout)
 {
   ipc_received r;  // owns every descriptor taken in: closed if anything below throws
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * k_fds_per_message)];
+  const int flags = MSG_CMSG_CLOEXEC | (until ? MSG_DONTWAIT : 0);
   const auto read_exactly = [&](char* into, std::size_t bytes) {
     for (std::size_t got = 0; got < bytes;) {
       iovec io{into + got, bytes - got};
@@ -124,16 +146,28 @@ ipc_received ipc_receive(int socket)
       m.msg_iovlen = 1;
       m.msg_control = control;
       m.msg_controllen = sizeof control;
-      const ssize_t n = ::recvmsg(socket, &m, MSG_CMSG_CLOEXEC);
+      // Room for a whole message's descriptors before they arrive: taking them in then
+      // cannot throw (bad_alloc would have left the kernel's copies open, owned by no one).
+      r.fds.reserve(r.fds.size() + k_fds_per_message);
+      const ssize_t n = ::recvmsg(socket, &m, flags);
       if (n < 0) {
         if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {  // nothing yet (a non-blocking socket, or a deadline)
+          if (wait_ready(socket, POLLIN, until, "ipc_receive")) continue;
+          fail("recvmsg", "ipc_receive on socket " + std::to_string(socket) + ": got " + std::to_string(got) +
+                              " of " + std::to_string(bytes) + " bytes of this part of the handle and " +
+                              std::to_string(r.fds.size()) + " descriptors, " + waited(timeout) +
+                              (got == 0 && r.fds.empty() ? std::string{}
+                                                         : " (the socket is mid-handle now: close it)"),
+               ETIMEDOUT);
+        }
         fail("recvmsg", "ipc_receive on socket " + std::to_string(socket), errno);
       }
       for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
         const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
         const std::size_t at = r.fds.size();
-        r.fds.resize(at + k);  // (bad_alloc: the kernel's copies would leak; not worth a guard)
+        r.fds.resize(at + k);  // within the capacity reserved above (k <= 253)
         std::memcpy(r.fds.data() + at, CMSG_DATA(c), k * sizeof(int));
       }
       if ((m.msg_flags & MSG_CTRUNC) != 0) {
@@ -166,7 +200,70 @@ ipc_received ipc_receive(int socket)
   DEPOT_EXPECTS(r.fds.size() == expected, "depot: ipc_receive: " + std::to_string(r.fds.size()) +
                                               " descriptors came with a handle of " + std::to_string(expected) +
                                               " pages");
+  r.fds.shrink_to_fit();
   return r;
+}
+
+}  // namespace
+
+ipc_received::ipc_received(ipc_received&& o) noexcept : handle{std::move(o.handle)}, fds{std::exchange(o.fds, {})} {}
+
+ipc_received& ipc_received::operator=(ipc_received&& o) noexcept
+{
+  if (this != &o) {
+    for (int fd : fds) ::close(fd);
+    handle = std::move(o.handle);
+    fds = std::exchange(o.fds, {});
+  }
+  return *this;
+}
+
+ipc_received::~ipc_received()
+{
+  for (int fd : fds) ::close(fd);
+}
+
+namespace {
+
+std::vector<int> fds_of(const ipc_handle& h)
+{
+  // (an ordinary segment's handle goes without descriptors, whatever its fds hold)
+  return h.expandable() ? std::vector<int>(h.fds.begin(), h.fds.end()) : std::vector<int>{};
+}
+
+void check_received(const ipc_received& r)
+{
+  DEPOT_EXPECTS(r.fds.size() == (r.handle.expandable() ? r.handle.fds.size() : 0),
+                "depot: ipc_send: the received handle holds " + std::to_string(r.fds.size()) +
+                    " descriptors, its block spans " + std::to_string(r.handle.fds.size()) + " pages");
+}
+
+}  // namespace
+
+void ipc_send(int socket, const ipc_handle& h) { send(socket, h.to_hex(), fds_of(h), std::nullopt, {}); }
+
+void ipc_send(int socket, const ipc_handle& h, std::chrono::milliseconds timeout)
+{
+  send(socket, h.to_hex(), fds_of(h), deadline_after(timeout), timeout);
+}
+
+void ipc_send(int socket, const ipc_received& r)
+{
+  check_received(r);
+  send(socket, r.handle.to_hex(), r.fds, std::nullopt, {});
+}
+
+void ipc_send(int socket, const ipc_received& r, std::chrono::milliseconds timeout)
+{
+  check_received(r);
+  send(socket, r.handle.to_hex(), r.fds, deadline_after(timeout), timeout);
+}
+
+ipc_received ipc_receive(int socket) { return receive(socket, std::nullopt, {}); }
+
+ipc_received ipc_receive(int socket, std::chrono::milliseconds timeout)
+{
+  return receive(socket, deadline_after(timeout), timeout);
 }
 
 }  // namespace depot

@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -138,7 +139,9 @@ int main(int argc, char** argv)
   try {
     depot::ipc_received r;  // from the command line: no descriptors (ipc_mapping takes them)
     if (std::string{argv[1]} == "--receive") {
-      r = depot::ipc_receive(3);  // (EXPECT and NEXT in the same places as after a HANDLE)
+      // (EXPECT and NEXT in the same places as after a HANDLE; a parent that fails before
+      // sending must not leave this child waiting)
+      r = depot::ipc_receive(3, std::chrono::seconds{60});
     } else {
       r.handle = depot::ipc_handle::from_hex(argv[1]);
     }

@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
@@ -1416,6 +1417,130 @@ TEST_CASE("pool: a handle and its page descriptors sent over a Unix socket")
   CHECK_THROWS_AS(depot::ipc_send(sv[1], o), depot::error);  // no one to send to (EPIPE)
   ::close(sv[1]);
   CHECK(open_descriptors() + 2 == descriptors);
+}
+
+// Timeouts and non-blocking sockets: ipc_receive must not hang on a sender that never
+// comes or stalls part way, and what came with a stalled handle is closed.
+TEST_CASE("pool: ipc_send and ipc_receive with a timeout, and on non-blocking sockets")
+{
+  using namespace std::chrono_literals;
+  constexpr std::size_t page = 4 * KiB;
+  constexpr std::size_t count = 300;
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  const std::size_t before = open_descriptors();
+  std::vector<int> pages(count);
+  for (int& fd : pages) {
+    fd = static_cast<int>(::syscall(SYS_memfd_create, "depot-test-page", MFD_CLOEXEC));
+    REQUIRE(fd >= 0);
+  }
+  const std::size_t descriptors = open_descriptors();  // with the pages'
+  depot::ipc_handle h;
+  h.device = depot::device_id{depot::device_kind::cuda, 0};
+  h.process = 1;
+  h.segment = std::uint64_t{1} << 30;
+  h.page = page;
+  h.size = h.requested = count * page;
+  h.fds.assign(pages.begin(), pages.end());
+  const auto elapsed_ms = [](auto since) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - since).count();
+  };
+  SUBCASE("nothing sent: refused after the timeout, saying so")
+  {
+    const auto t = std::chrono::steady_clock::now();
+    try {
+      (void)depot::ipc_receive(sv[1], 50ms);
+      FAIL("no exception");
+    } catch (const depot::error& e) {
+      CHECK(e.code() == ETIMEDOUT);
+      CHECK(std::string{e.what()}.find("got 0 of 4 bytes") != std::string::npos);
+      CHECK(std::string{e.what()}.find("timeout of 50 ms") != std::string::npos);
+      CHECK(std::string{e.what()}.find("mid-handle") == std::string::npos);  // the socket is still usable
+    }
+    CHECK(elapsed_ms(t) >= 50);
+    CHECK(elapsed_ms(t) < 5000);
+    // ... and a handle sent afterwards still arrives whole.
+    depot::ipc_send(sv[0], h, 1s);
+    const depot::ipc_received r = depot::ipc_receive(sv[1], 0ms);  // ready now: 0 takes it
+    CHECK(r.handle == h);
+    CHECK(r.fds.size() == count);
+    CHECK(open_descriptors() == descriptors + count);
+  }
+  SUBCASE("a sender that stalls part way: what came is closed")
+  {
+    // The text and the first 253 descriptors, then nothing: the other 47 never come.
+    const std::string text = h.to_hex();
+    std::string data(4, '\0');
+    const auto n = static_cast<std::uint32_t>(text.size());
+    std::memcpy(data.data(), &n, 4);
+    data += text;
+    iovec io{data.data(), data.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 253)] = {};
+    msghdr m{};
+    m.msg_iov = &io;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * 253);
+    std::memcpy(CMSG_DATA(c), pages.data(), sizeof(int) * 253);
+    REQUIRE(::sendmsg(sv[0], &m, 0) == static_cast<ssize_t>(data.size()));
+    CHECK_THROWS_WITH_AS((void)depot::ipc_receive(sv[1], 30ms),
+                         doctest::Contains("253 descriptors, nothing more within the timeout of 30 ms (the socket is "
+                                           "mid-handle now: close it)"),
+                         depot::error);
+    CHECK(open_descriptors() == descriptors);  // the 253 received ones closed
+  }
+  SUBCASE("non-blocking sockets are waited on")
+  {
+    for (int fd : sv) REQUIRE(::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK) == 0);
+    std::string sent_error;
+    std::thread sender{[&] {
+      std::this_thread::sleep_for(20ms);
+      try {
+        depot::ipc_send(sv[0], h);
+      } catch (const std::exception& e) {
+        sent_error = e.what();
+      }
+    }};
+    try {
+      const depot::ipc_received r = depot::ipc_receive(sv[1]);  // EAGAIN at first: waits
+      CHECK(r.handle == h);
+      CHECK(r.fds.size() == count);
+    } catch (const std::exception& e) {
+      FAIL_CHECK("ipc_receive on a non-blocking socket: " << std::string{e.what()});
+    }
+    sender.join();
+    CHECK(sent_error.empty());
+    CHECK(open_descriptors() == descriptors);
+    // A receiver that does not read: the sender's buffer fills, and a timed send gives up.
+    const std::string junk(64 * KiB, 'x');
+    while (::send(sv[0], junk.data(), junk.size(), MSG_DONTWAIT) > 0) {
+    }
+    REQUIRE((errno == EAGAIN || errno == EWOULDBLOCK));
+    try {
+      depot::ipc_send(sv[0], h, 30ms);
+      FAIL("no exception");
+    } catch (const depot::error& e) {
+      CHECK(e.code() == ETIMEDOUT);
+      CHECK(std::string{e.what()}.find("the receiver is not reading") != std::string::npos);
+    }
+  }
+  SUBCASE("bad timeouts")
+  {
+    CHECK_THROWS_WITH_AS((void)depot::ipc_receive(sv[1], -1ms), doctest::Contains("timeout of -1 ms; it must be 0 or more"),
+                         depot::invalid_argument);
+    CHECK_THROWS_AS(depot::ipc_send(sv[0], h, -5ms), depot::invalid_argument);
+    // The largest timeout is no limit (no overflowing deadline): the handle is there.
+    depot::ipc_send(sv[0], h, std::chrono::milliseconds::max());
+    CHECK(depot::ipc_receive(sv[1], std::chrono::milliseconds::max()).handle == h);
+  }
+  for (int fd : pages) ::close(fd);
+  ::close(sv[0]);
+  ::close(sv[1]);
+  CHECK(open_descriptors() + 2 == before);
 }
 
 TEST_CASE_TEMPLATE("pool: a block used on another stream waits for it before reuse", D,

@@ -4,6 +4,7 @@
 
 #include <depot/pool/ipc_handle.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <vector>
 
@@ -30,12 +31,21 @@ struct ipc_received {
 // and, for a block of an expandable segment, the descriptors it names (which must be open in
 // this process: the exporter's), in messages of at most 253 descriptors. The exporter
 // sends; any process may pass on what it received by sending its ipc_received.
-// depot::error naming the failing call.
+// depot::error naming the failing call. A non-blocking socket is waited on (poll).
+// With a timeout, the whole handle must be sent within it, else depot::error (ETIMEDOUT):
+// the receiver is not reading, and the socket is left mid-handle (close it).
 void ipc_send(int socket, const ipc_handle& h);
+void ipc_send(int socket, const ipc_handle& h, std::chrono::milliseconds timeout);
 void ipc_send(int socket, const ipc_received& r);
+void ipc_send(int socket, const ipc_received& r, std::chrono::milliseconds timeout);
 
 // Receives what ipc_send sent: depot::error on a closed socket or a failing call,
-// depot::invalid_argument on data that is no handle (nothing stays open then).
+// depot::invalid_argument on data that is no handle (nothing stays open then). Without a
+// timeout it waits as long as it takes (for a sender that never comes, forever); with one,
+// the whole handle must arrive within it, else depot::error (ETIMEDOUT) saying how much came
+// (descriptors that came are closed; a socket left mid-handle must be closed). A timeout
+// of 0 takes only what is ready now.
 [[nodiscard]] ipc_received ipc_receive(int socket);
+[[nodiscard]] ipc_received ipc_receive(int socket, std::chrono::milliseconds timeout);
 
 }  // namespace depot
