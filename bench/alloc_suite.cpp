@@ -381,14 +381,59 @@ void alloc_map_pages(int device, nlohmann::json& maps)
                   {"one_call_ms", batched}});
 }
 
+// What an expandable segment's miss pays for the holes inside its range: H holes of one
+// page each between live one-page blocks (every other block freed, then empty_cache()),
+// then a 3-page request that no hole fits, so the range grows at its end (timed; the block
+// then freed and its pages unmapped again), median of 15. A miss looks at a bounded number
+// of holes, so this should not grow with H.
 template <device D>
-void alloc_all(const options& opts, int device, nlohmann::json& rows, nlohmann::json& growing, nlohmann::json& maps)
+void alloc_hole_miss(int device, nlohmann::json& out)
+{
+  std::printf("\n%s:%d  an expandable segment's miss past H one-page holes (3 pages mapped at the end), median of 15:",
+              std::string{D::name}.c_str(), device);
+  for (const std::size_t holes : {std::size_t{0}, std::size_t{256}, std::size_t{4096}}) {
+    allocator_config cfg;
+    cfg.expandable_segments = true;
+    caching_allocator<D> a{device, cfg};
+    const std::size_t page = a.expandable_page();
+    if (page == 0) {
+      std::printf(" (no virtual memory on this device)");
+      break;
+    }
+    stream<D> s{device};
+    std::vector<void*> blocks(2 * holes + 1);
+    for (void*& b : blocks) b = a.allocate(page, s);
+    for (std::size_t i = 1; i < blocks.size(); i += 2) a.deallocate(blocks[i], s);
+    a.empty_cache();
+    std::vector<double> us;
+    for (int r = 0; r < 15; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      void* p = a.allocate(3 * page, s);
+      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      a.deallocate(p, s);
+      a.empty_cache();
+    }
+    std::sort(us.begin(), us.end());
+    std::printf(" H=%zu %.1f us;", holes, us[us.size() / 2]);
+    out.push_back({{"device", std::string{D::name} + ":" + std::to_string(device)},
+                   {"holes", holes},
+                   {"page_bytes", page},
+                   {"miss_us", us[us.size() / 2]}});
+    for (std::size_t i = 0; i < blocks.size(); i += 2) a.deallocate(blocks[i], s);
+  }
+  std::printf("\n");
+}
+
+template <device D>
+void alloc_all(const options& opts, int device, nlohmann::json& rows, nlohmann::json& growing, nlohmann::json& maps,
+               nlohmann::json& hole_misses)
 {
   alloc_device<D>(opts, device, rows);
   const auto& only = opts.alloc_only;
   if (only.empty() || std::find(only.begin(), only.end(), "depot-expandable") != only.end()) {
     alloc_growth<D>(device, growing);
     alloc_map_pages<D>(device, maps);
+    alloc_hole_miss<D>(device, hole_misses);
   }
 }
 
@@ -407,14 +452,16 @@ nlohmann::json run_alloc(const options& opts)
   nlohmann::json rows = nlohmann::json::array();
   nlohmann::json growing = nlohmann::json::array();  // the growing-requests workload
   nlohmann::json maps = nlohmann::json::array();     // mapping pages: per page against one call
-  if (opts.device == "all" || opts.device == "host") alloc_all<host>(opts, 0, rows, growing, maps);
+  nlohmann::json hole_misses = nlohmann::json::array();  // an expandable miss past many holes
+  if (opts.device == "all" || opts.device == "host") alloc_all<host>(opts, 0, rows, growing, maps, hole_misses);
 #if DEPOT_HAS_CUDA
-  if ((opts.device == "all" || opts.device == "cuda") && device_count<cuda>() > 0) alloc_all<cuda>(opts, 0, rows, growing, maps);
+  if ((opts.device == "all" || opts.device == "cuda") && device_count<cuda>() > 0) alloc_all<cuda>(opts, 0, rows, growing, maps, hole_misses);
 #endif
 #if DEPOT_HAS_HIP
-  if ((opts.device == "all" || opts.device == "hip") && device_count<hip>() > 0) alloc_all<hip>(opts, 0, rows, growing, maps);
+  if ((opts.device == "all" || opts.device == "hip") && device_count<hip>() > 0) alloc_all<hip>(opts, 0, rows, growing, maps, hole_misses);
 #endif
-  return nlohmann::json{{"suite", "alloc"}, {"seed", opts.seed}, {"rows", rows}, {"growing", growing}, {"map_pages", maps}};
+  return nlohmann::json{{"suite", "alloc"}, {"seed", opts.seed}, {"rows", rows}, {"growing", growing}, {"map_pages", maps},
+                        {"hole_misses", hole_misses}};
 }
 
 }  // namespace depot::bench

@@ -149,7 +149,6 @@ struct intrusive_list {
     n->*Prev = n->*Next = nullptr;
   }
 };
-using hole_list = intrusive_list<block, &block::fprev, &block::fnext>;  // a cache's holes
 
 struct segment {  // of the large pool, or of the small pool's linked part
   std::uintptr_t addr = 0;
@@ -247,6 +246,28 @@ class free_index {
   }
 
   [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+  [[nodiscard]] bool empty() const noexcept { return fl_map_ == 0; }
+
+  // The first block, largest classes first, for which fits(b) holds, looking at no more
+  // than `budget` blocks (nullptr when none of those fits): a bounded search where fitting
+  // depends on more than the size.
+  template <class Fits>
+  [[nodiscard]] block* find_largest_first(int budget, Fits&& fits) const noexcept
+  {
+    for (std::uint64_t fm = fl_map_; fm != 0;) {
+      const unsigned fl = 63U - static_cast<unsigned>(std::countl_zero(fm));
+      fm &= ~(std::uint64_t{1} << fl);
+      for (std::uint32_t sm = sl_map_[fl]; sm != 0;) {
+        const unsigned sl = 31U - static_cast<unsigned>(std::countl_zero(sm));
+        sm &= ~(1U << sl);
+        for (block* b = heads_[fl][sl]; b != nullptr; b = b->fnext) {
+          if (budget-- <= 0) return nullptr;
+          if (fits(b)) return b;
+        }
+      }
+    }
+    return nullptr;
+  }
 
  private:
   static constexpr unsigned sl_bits = 4;
@@ -1024,7 +1045,7 @@ struct stream_cache {
   small_free_index small;                    // free blocks of dense small segments
   segment* segments = nullptr;               // linked segments
   segment* growing = nullptr;                // its expandable segment, which grows (one of `segments`)
-  block* holes = nullptr;                    // k_unmapped blocks of its segments, through fprev/fnext
+  free_index holes;                          // k_unmapped blocks of its segments, by size
   std::vector<std::pair<std::uintptr_t, small_segment*>> small_dir;  // small segments by address
   std::vector<std::pair<native_event, block_ref>> pending;
   block* spare = nullptr;  // recycled block records, linked through `next`
@@ -1722,8 +1743,9 @@ struct allocator_core::impl {
     c.recycle(t);
   }
 
-  static void hole_link(stream_cache& c, block* h) noexcept { hole_list::push_front(c.holes, h); }
-  static void hole_unlink(stream_cache& c, block* h) noexcept { hole_list::unlink(c.holes, h); }
+  // Holes are indexed by size (c.holes), so one is never resized while indexed.
+  static void hole_link(stream_cache& c, block* h) noexcept { c.holes.insert(h); }
+  static void hole_unlink(stream_cache& c, block* h) noexcept { c.holes.remove(h); }
   // At least n spare block records, made now if need be; false when the heap has none.
   static bool spare_records(stream_cache& c, int n) noexcept
   {
@@ -1771,16 +1793,16 @@ struct allocator_core::impl {
     h->size = hi - lo;
     h->state = k_unmapped;
     if (block* p = h->prev; p != nullptr && p->state == k_unmapped) {
+      hole_unlink(c, p);
       absorb_next(c, p);
       h = p;
-    } else {
-      hole_link(c, h);
     }
     if (block* n = h->next; n->state == k_unmapped) {  // (a hole is never the last block)
       if (after == n) after = n->next;
       hole_unlink(c, n);
       absorb_next(c, h);
     }
+    hole_link(c, h);
     const std::size_t first = (lo - s->addr) / vm_page, count = (hi - lo) / vm_page;
     unmap_pages(*s, first, first + count);
     std::fill_n(s->maps.begin() + static_cast<std::ptrdiff_t>(first), count, std::uint64_t{0});
@@ -1840,45 +1862,55 @@ struct allocator_core::impl {
   // hole back where they make, with the free blocks beside the hole, room for `size`, and
   // hands that out. Nothing when no hole can (or the limit forbids it, or the upstream is
   // out of memory: undone, the caller goes on to grow and retry). Needs one spare record.
+  // The holes are looked at largest first, at most k_hole_scan of them, so a miss costs the
+  // same however many holes there are: a hole that holds `size` alone is always among the
+  // first looked at; one that fits only with its free neighbours may be passed over, and
+  // the range grows at its end instead.
+  static constexpr int k_hole_scan = 64;
+  static std::size_t free_size(const block* b) noexcept
+  {
+    return b != nullptr && b->state == block_state::free ? b->size : 0;
+  }
   block_ref fill_hole(stream_cache& c, std::size_t size, std::size_t bytes)
   {
-    for (block* h = c.holes; h != nullptr; h = h->fnext) {
-      segment* s = h->seg;
-      block* p = h->prev;
-      block* n = h->next;
-      const std::size_t below = p != nullptr && p->state == block_state::free ? p->size : 0;
-      const std::size_t above = n->state == block_state::free ? n->size : 0;
-      if (below >= size || below + h->size + above < size) continue;
-      const std::size_t pages = h->size / vm_page;
-      const std::size_t count = std::min(pages, (size - below + vm_page - 1) / vm_page);
-      const std::size_t need = count * vm_page;
-      if (limit != k_unlimited && static_cast<std::size_t>(figures.total(q_reserved)) + need > limit) return {};
-      if (!map_pages(*s, (h->addr - s->addr) / vm_page, count)) return {};
-      hole_unlink(c, h);  // its mapped pages keep its record; the rest of the hole gets a new one
-      if (count < pages) {
-        block* rest = link_after(c, h, h->addr + need, h->size - need);  // (the caller made one spare)
-        rest->state = k_unmapped;
-        hole_link(c, rest);
-        h->size = need;
-      }
-      h->state = block_state::free;
-      s->unmapped -= need;
-      c.delta.change_mapped(false, need, +1);
-      record(event_of(trace_kind::segment_map, h->addr, need, 0, c.stream));
-      block* b = h;  // merged with the free blocks beside it (not indexed)
-      if (below != 0) {
-        unindex(c, p);
-        absorb_next(c, p);
-        b = p;
-      }
-      if (count == pages && above != 0) {
-        unindex(c, n);
-        absorb_next(c, b);
-      }
-      hand_out(c, b, size, bytes);
-      return {b, nullptr, 0};
+    block* const h = c.holes.find_largest_first(k_hole_scan, [size](const block* x) {
+      const std::size_t below = free_size(x->prev);
+      return below < size && below + x->size + free_size(x->next) >= size;
+    });
+    if (h == nullptr) return {};
+    segment* s = h->seg;
+    block* p = h->prev;
+    block* n = h->next;
+    const std::size_t below = free_size(p);
+    const std::size_t above = free_size(n);
+    const std::size_t pages = h->size / vm_page;
+    const std::size_t count = std::min(pages, (size - below + vm_page - 1) / vm_page);
+    const std::size_t need = count * vm_page;
+    if (limit != k_unlimited && static_cast<std::size_t>(figures.total(q_reserved)) + need > limit) return {};
+    if (!map_pages(*s, (h->addr - s->addr) / vm_page, count)) return {};
+    hole_unlink(c, h);  // its mapped pages keep its record; the rest of the hole gets a new one
+    if (count < pages) {
+      block* rest = link_after(c, h, h->addr + need, h->size - need);  // (the caller made one spare)
+      rest->state = k_unmapped;
+      hole_link(c, rest);
+      h->size = need;
     }
-    return {};
+    h->state = block_state::free;
+    s->unmapped -= need;
+    c.delta.change_mapped(false, need, +1);
+    record(event_of(trace_kind::segment_map, h->addr, need, 0, c.stream));
+    block* b = h;  // merged with the free blocks beside it (not indexed)
+    if (below != 0) {
+      unindex(c, p);
+      absorb_next(c, p);
+      b = p;
+    }
+    if (count == pages && above != 0) {
+      unindex(c, n);
+      absorb_next(c, b);
+    }
+    hand_out(c, b, size, bytes);
+    return {b, nullptr, 0};
   }
 
   // ---- the small pool: entries in address order ---------------------------------------------
@@ -2261,7 +2293,7 @@ struct allocator_core::impl {
   {
     cache_lock g{figures, c};
     if (block_ref b = take(c, size, false, bytes); b.found()) return b;
-    if (c.holes != nullptr) {  // pages unmapped inside a range first, before its end grows
+    if (!c.holes.empty()) {  // pages unmapped inside a range first, before its end grows
       if (c.spare == nullptr) c.add_block_chunk();
       if (block_ref b = fill_hole(c, size, bytes); b.found()) return b;
     }
