@@ -119,6 +119,9 @@ struct alignas(64) block {
   // Exported (a live block of an expandable segment, counted in its pages' shared_page
   // blocks until freed); has_uses is set with it, so its free takes the general path.
   bool exported = false;
+  // A hole's key in its cache's hole index: at least what a request could take there (its
+  // pages and its free neighbours), raised at once when a neighbour grows, lowered lazily.
+  std::size_t room = 0;
   [[nodiscard]] bool whole() const noexcept { return prev == nullptr && next == nullptr; }
 };
 static_assert(offsetof(block, seg) == 64, "a free's fields fill the first cache line");
@@ -180,24 +183,26 @@ struct segment {  // of the large pool, or of the small pool's linked part
 };
 using segment_list = intrusive_list<segment, &segment::lprev, &segment::lnext>;
 
-// Two-level segregated fit over free blocks of one pool of one stream cache.
-class free_index {
+// Two-level segregated fit over blocks of one stream cache by a key (Key: their size, for
+// free blocks; their room, for holes), which must not change while a block is indexed.
+template <std::size_t block::*Key>
+class segregated_index {
  public:
   void insert(block* b) noexcept
   {
-    const auto [fl, sl] = mapping(b->size);
+    const auto [fl, sl] = mapping(b->*Key);
     b->fprev = nullptr;
     b->fnext = heads_[fl][sl];
     if (b->fnext != nullptr) b->fnext->fprev = b;
     heads_[fl][sl] = b;
     fl_map_ |= std::uint64_t{1} << fl;
     sl_map_[fl] = static_cast<std::uint16_t>(sl_map_[fl] | (1U << sl));
-    bytes_ += b->size;
+    bytes_ += b->*Key;
   }
 
   void remove(block* b) noexcept
   {
-    const auto [fl, sl] = mapping(b->size);
+    const auto [fl, sl] = mapping(b->*Key);
     if (b->fprev != nullptr) {
       b->fprev->fnext = b->fnext;
     } else {
@@ -209,7 +214,7 @@ class free_index {
       sl_map_[fl] = static_cast<std::uint16_t>(sl_map_[fl] & ~(1U << sl));
       if (sl_map_[fl] == 0) fl_map_ &= ~(std::uint64_t{1} << fl);
     }
-    bytes_ -= b->size;
+    bytes_ -= b->*Key;
   }
 
   // A free block of at least `size` bytes: the first one of the smallest class whose
@@ -230,7 +235,7 @@ class free_index {
     const auto [efl, esl] = mapping(size);
     int budget = 32;
     for (block* b = heads_[efl][esl]; b != nullptr && budget-- > 0; b = b->fnext) {
-      if (b->size >= size) return b;
+      if (b->*Key >= size) return b;
     }
     return nullptr;
   }
@@ -241,33 +246,12 @@ class free_index {
     const unsigned fl = 63U - static_cast<unsigned>(std::countl_zero(fl_map_));
     const unsigned sl = 15U - static_cast<unsigned>(std::countl_zero(std::uint32_t{sl_map_[fl]}) - 16);
     std::size_t best = 0;
-    for (block* b = heads_[fl][sl]; b != nullptr; b = b->fnext) best = std::max(best, b->size);
+    for (block* b = heads_[fl][sl]; b != nullptr; b = b->fnext) best = std::max(best, b->*Key);
     return best;
   }
 
   [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
   [[nodiscard]] bool empty() const noexcept { return fl_map_ == 0; }
-
-  // The first block, largest classes first, for which fits(b) holds, looking at no more
-  // than `budget` blocks (nullptr when none of those fits): a bounded search where fitting
-  // depends on more than the size.
-  template <class Fits>
-  [[nodiscard]] block* find_largest_first(int budget, Fits&& fits) const noexcept
-  {
-    for (std::uint64_t fm = fl_map_; fm != 0;) {
-      const unsigned fl = 63U - static_cast<unsigned>(std::countl_zero(fm));
-      fm &= ~(std::uint64_t{1} << fl);
-      for (std::uint32_t sm = sl_map_[fl]; sm != 0;) {
-        const unsigned sl = 31U - static_cast<unsigned>(std::countl_zero(sm));
-        sm &= ~(1U << sl);
-        for (block* b = heads_[fl][sl]; b != nullptr; b = b->fnext) {
-          if (budget-- <= 0) return nullptr;
-          if (fits(b)) return b;
-        }
-      }
-    }
-    return nullptr;
-  }
 
  private:
   static constexpr unsigned sl_bits = 4;
@@ -282,6 +266,8 @@ class free_index {
   std::array<std::array<block*, 16>, 64> heads_{};
   std::size_t bytes_ = 0;
 };
+using free_index = segregated_index<&block::size>;
+using hole_index = segregated_index<&block::room>;
 
 // Records by a non-zero key (an address, or a 2 MiB frame number + 1): open addressing with
 // linear probing and backward-shift deletion, so erasing never allocates and inserting
@@ -1045,7 +1031,7 @@ struct stream_cache {
   small_free_index small;                    // free blocks of dense small segments
   segment* segments = nullptr;               // linked segments
   segment* growing = nullptr;                // its expandable segment, which grows (one of `segments`)
-  free_index holes;                          // k_unmapped blocks of its segments, by size
+  hole_index holes;                          // k_unmapped blocks of its segments, by room
   std::vector<std::pair<std::uintptr_t, small_segment*>> small_dir;  // small segments by address
   std::vector<std::pair<native_event, block_ref>> pending;
   block* spare = nullptr;  // recycled block records, linked through `next`
@@ -1625,6 +1611,7 @@ struct allocator_core::impl {
       absorb_next(c, b);
     }
     index(c, b);
+    if (!c.holes.empty()) [[unlikely]] holes_beside(c, b);
     if (over_release_threshold(c)) [[unlikely]] {
       if (releasable(*b->seg)) {
         release_segment(c, b->seg);
@@ -1743,9 +1730,34 @@ struct allocator_core::impl {
     c.recycle(t);
   }
 
-  // Holes are indexed by size (c.holes), so one is never resized while indexed.
-  static void hole_link(stream_cache& c, block* h) noexcept { c.holes.insert(h); }
+  // Holes are indexed by room (c.holes): their pages and the free blocks beside them, what a
+  // request could take there. A hole is never resized while indexed; its room is raised
+  // when a free neighbour grows (release_block, fill_hole) and lowered when a miss finds it
+  // too high (a neighbour was taken), so it is never below the truth.
+  static std::size_t free_size(const block* b) noexcept
+  {
+    return b != nullptr && b->state == block_state::free ? b->size : 0;
+  }
+  static std::size_t room_of(const block* h) noexcept { return free_size(h->prev) + h->size + free_size(h->next); }
+  static void hole_link(stream_cache& c, block* h) noexcept
+  {
+    h->room = room_of(h);
+    c.holes.insert(h);
+  }
   static void hole_unlink(stream_cache& c, block* h) noexcept { c.holes.remove(h); }
+  static void hole_rekey(stream_cache& c, block* h) noexcept
+  {
+    if (h->room == room_of(h)) return;
+    c.holes.remove(h);
+    hole_link(c, h);
+  }
+  // After free block b grew or appeared: the holes beside it have more room.
+  [[gnu::noinline]] static void holes_beside(stream_cache& c, const block* b) noexcept
+  {
+    for (block* x : {b->prev, b->next}) {
+      if (x != nullptr && x->state == k_unmapped) hole_rekey(c, x);
+    }
+  }
   // At least n spare block records, made now if need be; false when the heap has none.
   static bool spare_records(stream_cache& c, int n) noexcept
   {
@@ -1862,37 +1874,40 @@ struct allocator_core::impl {
   // hole back where they make, with the free blocks beside the hole, room for `size`, and
   // hands that out. Nothing when no hole can (or the limit forbids it, or the upstream is
   // out of memory: undone, the caller goes on to grow and retry). Needs one spare record.
-  // The holes are looked at largest first, at most k_hole_scan of them, so a miss costs the
-  // same however many holes there are: a hole that holds `size` alone is always among the
-  // first looked at; one that fits only with its free neighbours may be passed over, and
-  // the range grows at its end instead.
-  static constexpr int k_hole_scan = 64;
-  static std::size_t free_size(const block* b) noexcept
+  // The hole index gives one whose room holds `size` in constant time; a room found too
+  // high (a neighbour was taken since) is lowered and the search repeated, at most
+  // k_hole_tries times (each lowering pays for an earlier change beside a hole).
+  static constexpr int k_hole_tries = 64;
+  block* find_hole(stream_cache& c, std::size_t size) noexcept
   {
-    return b != nullptr && b->state == block_state::free ? b->size : 0;
+    for (int tries = 0; tries < k_hole_tries; ++tries) {
+      block* h = c.holes.find(size);
+      if (h == nullptr) return nullptr;
+      if (room_of(h) >= size) return h;
+      hole_rekey(c, h);
+    }
+    return nullptr;
   }
   block_ref fill_hole(stream_cache& c, std::size_t size, std::size_t bytes)
   {
-    block* const h = c.holes.find_largest_first(k_hole_scan, [size](const block* x) {
-      const std::size_t below = free_size(x->prev);
-      return below < size && below + x->size + free_size(x->next) >= size;
-    });
+    block* const h = find_hole(c, size);
     if (h == nullptr) return {};
     segment* s = h->seg;
     block* p = h->prev;
     block* n = h->next;
     const std::size_t below = free_size(p);
     const std::size_t above = free_size(n);
+    if (below >= size) return {};  // (the free index passed over p: rare; the end grows)
     const std::size_t pages = h->size / vm_page;
     const std::size_t count = std::min(pages, (size - below + vm_page - 1) / vm_page);
     const std::size_t need = count * vm_page;
     if (limit != k_unlimited && static_cast<std::size_t>(figures.total(q_reserved)) + need > limit) return {};
     if (!map_pages(*s, (h->addr - s->addr) / vm_page, count)) return {};
     hole_unlink(c, h);  // its mapped pages keep its record; the rest of the hole gets a new one
+    block* rest = nullptr;
     if (count < pages) {
-      block* rest = link_after(c, h, h->addr + need, h->size - need);  // (the caller made one spare)
+      rest = link_after(c, h, h->addr + need, h->size - need);  // (the caller made one spare)
       rest->state = k_unmapped;
-      hole_link(c, rest);
       h->size = need;
     }
     h->state = block_state::free;
@@ -1910,6 +1925,7 @@ struct allocator_core::impl {
       absorb_next(c, b);
     }
     hand_out(c, b, size, bytes);
+    if (rest != nullptr) hole_link(c, rest);  // its room: with what hand_out left free below it
     return {b, nullptr, 0};
   }
 

@@ -3124,9 +3124,10 @@ TEST_CASE_TEMPLATE("pool: expandable segments unmap free pages inside their rang
   check_invariants(a);
 }
 
-// Many holes: a miss looks at the largest holes first and at a bounded number of them (the
-// holes are indexed by size), so a fitting hole is found however many there are, holes
-// that merge are found at their merged size, and a request no hole fits grows the end.
+// Many holes: a miss finds a hole whose pages, with the free blocks beside it, hold the
+// request in constant time however many holes there are (the holes are indexed by that
+// room, raised when a neighbour grows, lowered when found too high), holes that merge are
+// found at their merged size, and a request no hole fits grows the end.
 TEST_CASE_TEMPLATE("pool: expandable segments: a miss among many holes", D, DEPOT_TEST_DEVICES)
 {
   auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
@@ -3178,17 +3179,26 @@ TEST_CASE_TEMPLATE("pool: expandable segments: a miss among many holes", D, DEPO
   CHECK(reserved() == (K + 9) * P);
   CHECK(counters->reservations.load() == 1);  // one range throughout
   check_invariants(a);
-  // A hole that fits only with its free neighbour (page 10 freed below hole 11: 2 pages for
-  // 1.5) is passed over when more than the 64 holes a miss looks at come before it (holes
-  // of one size are looked at newest first; hole 11 is among the oldest): the miss's cost
-  // stays bounded, and the end grows instead. (The test below finds such a hole when few
-  // holes come before it.)
+  // A hole that fits only with its free neighbour, among 144 that do not: page 10 freed
+  // below hole 11 raises hole 11's room to 2 pages, and 1.5 pages go there, not to the end.
   a.deallocate(b[10], s);
   void* h2 = a.allocate(P + P / 2, s);
-  CHECK(at(h2) == base + (2 * K + 3) * P);  // after r: 2 pages mapped at the end
-  CHECK(holes() == K - 6);
-  CHECK(reserved() == (K + 11) * P);
+  CHECK(at(h2) == base + 10 * P);  // page 10, then hole 11's page mapped back
+  CHECK(holes() == K - 7);
+  CHECK(reserved() == (K + 10) * P);
   check_invariants(a);
+  // Rooms found too high are lowered: a block taken beside a hole leaves its room stale
+  // (page 12 freed beside hole 13 raises it, then a 1-page hit takes page 12 back), and a
+  // miss that meets it passes on to a hole that fits or to the end.
+  a.deallocate(b[12], s);
+  void* u = a.allocate(P, s);  // a hit: page 12 again
+  CHECK(at(u) == base + 12 * P);
+  void* w = a.allocate(P + P / 2, s);  // no hole has room for it now
+  CHECK(at(w) == base + (2 * K + 3) * P);
+  CHECK(reserved() == (K + 12) * P);
+  check_invariants(a);
+  a.deallocate(w, s);
+  b[12] = u;
   for (void* x : {q, r, t, h2}) a.deallocate(x, s);
   for (std::size_t i = 0; i < b.size(); i += 2) {
     if (i < 2 || i > 10) a.deallocate(b[i], s);
@@ -3216,6 +3226,27 @@ TEST_CASE_TEMPLATE("pool: expandable segments: a miss among many holes", D, DEPO
   CHECK(reserved() == 4 * P);
   check_invariants(a);
   for (void* x : {f[0], f[4], g}) a.deallocate(x, s);
+  a.empty_cache();
+  CHECK(reserved() == 0);
+
+  // Part of a hole mapped back: the rest of the hole has the room hand_out left free
+  // below it (a 3-page hole; 1.25 pages take 2 of them, 0.75 stay free beside the last).
+  void* e0 = a.allocate(P, s);
+  void* e1 = a.allocate(3 * P, s);
+  void* e2 = a.allocate(P, s);
+  const std::uintptr_t ebase = at(e0);
+  a.deallocate(e1, s);
+  a.empty_cache();
+  CHECK(holes() == 1);
+  void* m1 = a.allocate(P + P / 4, s);
+  CHECK(at(m1) == ebase + P);
+  CHECK(reserved() == 4 * P);
+  void* m2 = a.allocate(P + P / 2, s);  // the free 0.75 and the last page of the hole
+  CHECK(at(m2) == ebase + 2 * P + P / 4);
+  CHECK(holes() == 0);
+  CHECK(reserved() == 5 * P);
+  check_invariants(a);
+  for (void* x : {e0, m1, m2, e2}) a.deallocate(x, s);
   a.empty_cache();
   CHECK(reserved() == 0);
 }
