@@ -30,6 +30,7 @@
 #include <depot/hal/format_bytes.hpp>
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/pool/detail/allocator_core.hpp>
+#include <depot/pool/ipc_mapping.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -2832,6 +2833,15 @@ ipc_handle allocator_core::ipc_export(void* ptr)
     block& k = *b.large;
     segment& s = *k.seg;
     const auto [first, end] = m.pages_of(s, addr, h.size);
+    std::size_t fresh = 0;  // pages without a descriptor yet
+    for (std::size_t i = first; i < end; ++i) fresh += i >= s.shared.size() || s.shared[i].fd < 0 ? 1 : 0;
+    if (fresh > 0) {
+      if (const std::string why = detail::descriptor_shortage(fresh); !why.empty()) {
+        throw error("depot: " + m.dev.to_string() + " ipc_export(" + hex(addr) + "): a block of " +
+                        std::to_string(end - first) + " pages of an expandable segment " + why + "; nothing was exported",
+                    "ipc_export", __FILE__, __LINE__, EMFILE, "ipc");
+      }
+    }
     if (s.shared.size() < end) s.shared.resize(end);  // may throw: nothing exported yet
     h.fds.reserve(end - first);
     try {

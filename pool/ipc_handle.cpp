@@ -5,8 +5,10 @@
 #include <depot/pool/ipc_handle.hpp>
 #include <depot/pool/ipc_mapping.hpp>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -16,6 +18,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -227,6 +230,29 @@ ipc_handle ipc_handle::from_hex(std::string_view text)
 
 namespace detail {
 
+std::string descriptor_shortage(std::size_t needed)
+{
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return {};
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return {};  // (no /proc: the call that runs short will say so)
+  // New descriptors take the free numbers below the limit: count the open ones there.
+  std::size_t open = 0;
+  const int own = ::dirfd(d);
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const long fd = std::strtol(e->d_name, nullptr, 10);
+    open += fd != own && static_cast<rlim_t>(fd) < lim.rlim_cur ? 1 : 0;
+  }
+  ::closedir(d);
+  if (open + needed <= lim.rlim_cur) return {};
+  return "needs " + std::to_string(needed) + " more file descriptors (one per page), and this process has " +
+         std::to_string(open) + " open of the " + std::to_string(lim.rlim_cur) +
+         " it may hold (RLIMIT_NOFILE; hard limit " +
+         (lim.rlim_max == RLIM_INFINITY ? std::string{"unlimited"} : std::to_string(lim.rlim_max)) +
+         "): raise the limit (ulimit -n, or setrlimit up to the hard limit) or share smaller blocks";
+}
+
 namespace {
 
 segment_key key_of(const ipc_handle& h) { return {h.device, h.process, h.segment, h.memory, h.page, h.fds}; }
@@ -261,6 +287,11 @@ std::vector<int> take_descriptors(const ipc_handle& h)
                 "pidfd_getfd", __FILE__, __LINE__, e, "ipc");
   };
   check_process(h);
+  if (const std::string why = descriptor_shortage(h.fds.size() + 1); !why.empty()) {
+    throw error("depot: ipc_mapping of a block of " + std::to_string(h.fds.size()) +
+                    " pages of an expandable segment of process " + std::to_string(h.process) + " " + why,
+                "pidfd_getfd", __FILE__, __LINE__, EMFILE, "ipc");
+  }
   std::vector<int> fds;
   fds.reserve(h.fds.size());  // may throw: nothing open yet
   const long pidfd = ::syscall(k_sys_pidfd_open, static_cast<pid_t>(h.process), 0);

@@ -29,6 +29,7 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -949,6 +950,26 @@ std::size_t open_descriptors()
   for (int fd = 0; fd < 4096; ++fd) n += ::fcntl(fd, F_GETFD) != -1 ? 1 : 0;
   return n;
 }
+
+// Lowers this process's RLIMIT_NOFILE soft limit so that exactly `room` more descriptors
+// can be opened (new ones take the free numbers below the limit), restored on destruction
+// (a test of what runs short must not leave the limit low).
+struct descriptor_limit {
+  rlimit saved{};
+  explicit descriptor_limit(std::size_t room)
+  {
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+    rlimit low = saved;
+    int fd = 0;
+    for (std::size_t free = 0; free < room; ++fd) free += ::fcntl(fd, F_GETFD) == -1 ? 1 : 0;
+    low.rlim_cur = static_cast<rlim_t>(fd);
+    REQUIRE(low.rlim_cur <= saved.rlim_cur);
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  }
+  descriptor_limit(const descriptor_limit&) = delete;
+  descriptor_limit& operator=(const descriptor_limit&) = delete;
+  ~descriptor_limit() { ::setrlimit(RLIMIT_NOFILE, &saved); }
+};
 }  // namespace
 
 TEST_CASE_TEMPLATE("pool: blocks of expandable segments shared with another process (IPC)", D, DEPOT_TEST_DEVICES)
@@ -1007,6 +1028,21 @@ TEST_CASE_TEMPLATE("pool: blocks of expandable segments shared with another proc
       CHECK(a.ipc_export(p) == h);  // one descriptor per page, made once
       check_shared_with_child<D>(p, n, h, value);
       value += 10;
+    }
+    // A block whose pages would take more descriptors than the process may open: refused
+    // before any is made, saying what to raise; exported once the limit allows.
+    {
+      void* wide = a.allocate(16 * page);  // 16 or 17 pages, none exported yet
+      const std::size_t open_before = open_descriptors();
+      {
+        const descriptor_limit low{8};
+        CHECK_THROWS_WITH_AS(std::ignore = a.ipc_export(wide), doctest::Contains("RLIMIT_NOFILE"), depot::error);
+        CHECK(open_descriptors() == open_before);
+      }
+      const depot::ipc_handle hw = a.ipc_export(wide);
+      CHECK(hw.fds.size() >= 16);
+      a.deallocate(wide);  // its pages' descriptors closed with it
+      CHECK(open_descriptors() == open_before);
     }
     bool exported = false;
     for (const auto& seg : a.snapshot().segments) exported = exported || seg.exported;
@@ -1121,6 +1157,15 @@ TEST_CASE("pool: an expandable block's pages taken from another process (importe
   }
   if (permitted) depot::detail::ipc_detach(h, fake);
   if (permitted) {
+    // Too few descriptors left for the block's pages (3, and a pidfd): refused before any
+    // is taken, saying how many it needs and how to raise the limit.
+    {
+      const descriptor_limit low{3};
+      CHECK_THROWS_WITH_AS((void)depot::detail::ipc_attach(h, fake),
+                           doctest::Contains("needs 4 more file descriptors (one per page)"), depot::error);
+      CHECK_THROWS_WITH_AS((void)depot::detail::ipc_attach(h, fake), doctest::Contains("RLIMIT_NOFILE"), depot::error);
+      CHECK(open_descriptors() == descriptors);
+    }
     fake_pages::opens = fake_pages::closes = 0;
     void* a = depot::detail::ipc_attach(h, fake);
     void* b = depot::detail::ipc_attach(h, fake);  // one mapping, counted

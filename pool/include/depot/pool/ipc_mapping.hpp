@@ -31,6 +31,10 @@ struct ipc_backend {
 // used instead of taking them. Thread-safe. Both throw nothing but what opening throws.
 void* ipc_attach(const ipc_handle& h, const ipc_backend& backend, const int* own_fds = nullptr);
 void ipc_detach(const ipc_handle& h, const ipc_backend& backend) noexcept;
+// Empty when this process may open `needed` more file descriptors under its RLIMIT_NOFILE
+// soft limit (or cannot tell), else what is short and how to raise it: checked before a
+// block's pages' descriptors are made (ipc_export) or taken (ipc_mapping).
+std::string descriptor_shortage(std::size_t needed);
 }  // namespace detail
 
 // Another process's block, opened from its ipc_handle: get() is the block in this process,
