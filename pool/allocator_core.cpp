@@ -111,12 +111,13 @@ struct alignas(64) block {
   bool counted_split = false;  // counted in inactive_split_bytes while indexed
   bool small = false;          // seg->small, kept here: a free need not read the segment record
   bool has_uses = false;       // `uses` may be non-empty (set before a stream is added)
-  bool timed = false;          // t_alloc holds the allocation's time (tracing was on)
-  std::uint16_t pending = 0;   // events outstanding before it may be reused
+  std::uint16_t cls = 0;       // its list in the index that holds it (segregated_index)
   // the second line
   segment* seg = nullptr;
   std::vector<native_stream> uses;  // other streams that used it (record_stream)
   std::uint64_t t_alloc = 0;
+  std::uint16_t pending = 0;  // events outstanding before it may be reused
+  bool timed = false;         // t_alloc holds the allocation's time (tracing was on)
   // Exported (a live block of an expandable segment, counted in its pages' shared_page
   // blocks until freed); has_uses is set with it, so its free takes the general path.
   bool exported = false;
@@ -192,6 +193,7 @@ class segregated_index {
   void insert(block* b) noexcept
   {
     const auto [fl, sl] = mapping(b->*Key);
+    b->cls = static_cast<std::uint16_t>(fl * 16 + sl);  // remove() reads it back
     b->fprev = nullptr;
     b->fnext = heads_[fl][sl];
     if (b->fnext != nullptr) b->fnext->fprev = b;
@@ -203,7 +205,8 @@ class segregated_index {
 
   void remove(block* b) noexcept
   {
-    const auto [fl, sl] = mapping(b->*Key);
+    const unsigned fl = b->cls >> 4U;
+    const unsigned sl = b->cls & 15U;
     if (b->fprev != nullptr) {
       b->fprev->fnext = b->fnext;
     } else {
@@ -654,8 +657,14 @@ struct stat_delta {
   std::uint8_t due = 0;     // due_* bits: publish as the operation ends
   std::uint32_t ops = 0;    // operations since the last publish
   std::int64_t batch = 0;   // allocator_config::stats_batch: the largest |net| kept
+  // The drift checks' bound: batch, or no bound while the delta is kept past it
+  // (overdrawn): it is then published by the next other cache that publishes (when its
+  // lock is free) or after k_max_ops, so the checks need not fire again at every operation
+  // (at 64 MiB requests they did: a call and two unpredictable branches per operation).
+  std::int64_t limit = 0;
   cache_mutex* owner = nullptr;  // the lock of the cache it belongs to
   bool overdrawn = false;        // drifted past batch and kept (shared_stats::settle)
+  static constexpr std::int64_t k_no_limit = std::numeric_limits<std::int64_t>::max() / 4;
 
   // What an operation changed. Raises: an allocation of either pool (its allocated,
   // requested, active bytes and count), inactive split bytes grew, a free (cached bytes of
@@ -675,7 +684,10 @@ struct stat_delta {
   static constexpr std::uint8_t due_now = 1;
   static constexpr std::uint8_t due_drift = 2;
 
-  stat_delta(std::size_t stats_batch, cache_mutex& m) : batch{static_cast<std::int64_t>(stats_batch)}, owner{&m} {}
+  stat_delta(std::size_t stats_batch, cache_mutex& m)
+      : batch{static_cast<std::int64_t>(stats_batch)}, limit{batch}, owner{&m}
+  {
+  }
 
   static constexpr std::uint32_t pool_bit(bool small) noexcept { return small ? op_small : op_large; }
   [[gnu::always_inline]] static void raise(std::int64_t& high, std::int64_t v) noexcept
@@ -726,7 +738,7 @@ struct stat_delta {
     op |= small ? op_alloc_small | op_small : op_alloc_large | op_large;
     // requested <= allocated per block; active moves with allocated except for frees
     // awaiting events, which check it themselves (sub_active)
-    if (net[p + q_allocated] > batch || net[p + q_requested] > batch || net[p + q_active] > batch) [[unlikely]] {
+    if (net[p + q_allocated] > limit || net[p + q_requested] > limit || net[p + q_active] > limit) [[unlikely]] {
       due |= due_drift;
     }
   }
@@ -739,7 +751,7 @@ struct stat_delta {
     net[p + q_requested] -= static_cast<std::int64_t>(requested);
     net[p + q_num_allocations] -= 1;
     op |= op_free | pool_bit(small);
-    if (net[p + q_allocated] < -batch || net[p + q_requested] < -batch) [[unlikely]] {
+    if (net[p + q_allocated] < -limit || net[p + q_requested] < -limit) [[unlikely]] {
       due |= due_drift;
     }
   }
@@ -750,7 +762,7 @@ struct stat_delta {
     net[i] += static_cast<std::int64_t>(n);
     added[i] += static_cast<std::int64_t>(n);
     op |= op_split | pool_bit(small);
-    if (net[i] > batch) [[unlikely]] {
+    if (net[i] > limit) [[unlikely]] {
       due |= due_drift;
     }
   }
@@ -782,7 +794,7 @@ struct stat_delta {
     const unsigned i = (small ? 8U : 0U) + q;
     net[i] -= static_cast<std::int64_t>(n);
     op |= pool_bit(small);
-    if (net[i] < -batch) [[unlikely]] {
+    if (net[i] < -limit) [[unlikely]] {
       due |= due_drift;
     }
   }
@@ -941,6 +953,7 @@ struct shared_stats {
     }
     if ((d.due & stat_delta::due_drift) != 0 && !d.overdrawn) {
       d.overdrawn = true;
+      d.limit = stat_delta::k_no_limit;
       overdrawn.store(&d, std::memory_order_release);
     }
     d.due = 0;
@@ -956,6 +969,7 @@ struct shared_stats {
     last.store(&d, std::memory_order_relaxed);
     if (d.overdrawn) {
       d.overdrawn = false;
+      d.limit = d.batch;
       stat_delta* self = &d;
       overdrawn.compare_exchange_strong(self, nullptr, std::memory_order_relaxed);
     }
@@ -1485,7 +1499,21 @@ struct allocator_core::impl {
     }
     block* b = c.spare;
     c.spare = b->next;
-    *b = block{};
+    // Field by field, not `*b = block{}` (a temporary and a vector move-assignment: ~20
+    // instructions more on every split); `uses` keeps its capacity, emptied.
+    b->addr = 0;
+    b->size = 0;
+    b->requested = 0;
+    b->prev = b->next = b->fprev = b->fnext = nullptr;
+    b->state = block_state::free;
+    b->counted_split = b->small = b->has_uses = b->timed = false;
+    b->cls = 0;
+    b->pending = 0;
+    b->seg = nullptr;
+    b->uses.clear();
+    b->t_alloc = 0;
+    b->exported = false;
+    b->room = 0;
     return b;
   }
 
@@ -2491,6 +2519,10 @@ struct allocator_core::impl {
   // block leaves the table of live blocks (deallocate puts it back if it then refuses).
   static block_ref find_live(stream_cache& c, std::uintptr_t p, bool erase) noexcept
   {
+    // The live table first: a linked block is found in one probe, where the small
+    // segments' frame table takes two misses first (a dense block pays one miss here,
+    // none while its cache hands out no linked block).
+    if (block* b = erase ? c.live.erase(p) : c.live.find(p)) return {b, nullptr, 0};
     if (small_segment* s = c.small_segment_of(p)) {
       const std::uintptr_t off = p - s->addr;
       const auto u = static_cast<unsigned>(off >> k_unit_shift);
@@ -2501,7 +2533,7 @@ struct allocator_core::impl {
       }
       return {nullptr, s, u};
     }
-    return {erase ? c.live.erase(p) : c.live.find(p), nullptr, 0};
+    return {};
   }
 
   // The common free, finished at once: a block of the locked cache (an operation begun)
@@ -2688,10 +2720,11 @@ void* allocator_core::allocate(std::size_t bytes, native_stream stream)
   block_ref b;
   m.begin_op(c);
   {
-    const cache_lock g{m.figures, c};
+    cache_lock g{m.figures, c};
     if (!c.pending.empty()) m.process_events(c, false);
     b = m.take(c, size, small, bytes);
     if (b.found()) ++c.hits;
+    g.unlock();  // inline (the destructor's out-of-line call is for the throwing paths)
   }
   const bool hit = b.found();
   if (!hit) {
