@@ -703,7 +703,9 @@ struct stat_delta {
   {
     const std::uint32_t o = op;
     if ((o & (op_alloc_large | op_alloc_small)) != 0) raise_allocation((o & op_alloc_small) != 0 ? 8U : 0U);
-    if ((o & op_split) != 0) {
+    // Whether an allocation split a block is the workload's coin toss: raising at every
+    // allocation costs less than the mispredicted branch (frees set op_split themselves).
+    if ((o & (op_split | op_alloc_large | op_alloc_small)) != 0) {
       raise(high[q_inactive_split], net[q_inactive_split]);
       raise(high[8 + q_inactive_split], net[8 + q_inactive_split]);
       raise_all(q_inactive_split);
