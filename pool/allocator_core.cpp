@@ -17,9 +17,10 @@
 // stealing, out-of-memory handling) takes grow_mu. Statistics: operations gather their
 // changes in their cache and publish them to the shared figures under one short spin lock
 // when a figure drifts by more than stats_batch (unless no other cache published since:
-// one thread alone keeps them) or after 256 operations (at once when segments change or
-// the thread moves to another cache; another cache's first operation publishes a cache
-// that kept its drift); stats() and snapshot() take every cache lock and stats() publishes
+// one thread alone keeps them, unchecked until published) or after 256 operations (at
+// once when segments change or the thread moves to another cache; another cache's
+// publishing operations publish a cache that kept its drift when its lock is free);
+// stats() and snapshot() take every cache lock and stats() publishes
 // every cache first, so the two agree.
 // Streams: a block freed on its own stream is reusable at once on that stream; a block
 // that record_stream() marked as used by other streams waits for events on them. Whole

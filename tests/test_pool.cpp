@@ -2036,6 +2036,47 @@ TEST_CASE_TEMPLATE("pool: a cache that drifted past stats_batch alone is publish
   check_invariants(a);
 }
 
+TEST_CASE_TEMPLATE("pool: a cache that kept its drift checks it again once published", D, DEPOT_TEST_DEVICES)
+{
+  // A kept cache stops checking its drift until it is published; publishing must restore
+  // the check, or the cache would never be marked again and another thread's operation
+  // would publish its own peak without the kept changes. Warm-up: stream 1's thread keeps
+  // its drift (an 8 MiB hit past the 1 MiB batch), then reset_peak_stats() publishes it.
+  // Then stream 1's thread holds 16 MiB in two hits (kept, marked) and stream 2's thread
+  // makes a miss of 8 MiB, which publishes stream 1's changes first: the large pool's peak
+  // is exactly 24 MiB. Without the restored check it is 16 MiB.
+  depot::allocator_config cfg = quiet_config<D>();
+  cfg.stats_batch = MiB;
+  depot::caching_allocator<D> a{0, cfg};
+  depot::stream<D> s1;
+  depot::stream<D> s2;
+  std::thread{[&] {
+    void* w1 = a.allocate(8 * MiB, s1);  // a miss: a 20 MiB segment
+    void* w2 = a.allocate(8 * MiB, s1);  // a hit past the batch: kept
+    a.deallocate(w1, s1);
+    a.deallocate(w2, s1);
+  }}.join();
+  a.reset_peak_stats();
+  void* x[2] = {};
+  std::thread{[&] {
+    x[0] = a.allocate(8 * MiB, s1);  // hits
+    x[1] = a.allocate(8 * MiB, s1);
+  }}.join();
+  std::thread{[&] {
+    void* y = a.allocate(8 * MiB, s2);  // stream 2 has no memory: a miss, published at once
+    a.deallocate(y, s2);
+    a.deallocate(a.allocate(4 * KiB, s2), s2);  // a small miss publishes the free
+  }}.join();
+  const depot::memory_stats st = a.stats();
+  CHECK(st.num_cache_hits >= 3);
+  CHECK(st.allocated_bytes.large.current == static_cast<std::int64_t>(16 * MiB));
+  CHECK(st.allocated_bytes.large.peak == static_cast<std::int64_t>(24 * MiB));
+  CHECK(st.requested_bytes.large.peak == static_cast<std::int64_t>(24 * MiB));
+  CHECK(st.num_allocations.large.peak == 3);
+  for (void* k : x) a.deallocate(k, s1);
+  check_invariants(a);
+}
+
 TEST_CASE_TEMPLATE("pool: a figure that drifts past stats_batch is published at once", D,
                    DEPOT_TEST_DEVICES)
 {

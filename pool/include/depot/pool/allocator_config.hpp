@@ -54,8 +54,9 @@ struct allocator_config {
   std::size_t trace_capacity = 0;
   // How far (bytes) a figure of a stream's cache may drift from the allocator's shared
   // statistics before the cache publishes its changes (also after 256 operations, at once
-  // on segment changes; a cache that was the last to publish keeps drifting until another
-  // publishes or its first operation since publishes the kept one). stats() is always
+  // on segment changes; a cache that was the last to publish keeps drifting, unchecked,
+  // until another cache's operation that publishes, or its first one since publishing,
+  // publishes the kept one while its lock is free). stats() is always
   // exact, and so are peaks while one thread allocates (on any streams); with threads on
   // several streams at once a peak may be off by this much per other stream, or by up to
   // 256 operations' changes of a cache that ran alone when another's first operation
