@@ -112,13 +112,13 @@ struct alignas(64) block {
   bool counted_split = false;  // counted in inactive_split_bytes while indexed
   bool small = false;          // seg->small, kept here: a free need not read the segment record
   bool has_uses = false;       // `uses` may be non-empty (set before a stream is added)
+  bool timed = false;          // t_alloc holds the allocation's time (tracing was on)
   std::uint16_t cls = 0;       // its list in the index that holds it (segregated_index)
   // the second line
   segment* seg = nullptr;
   std::vector<native_stream> uses;  // other streams that used it (record_stream)
   std::uint64_t t_alloc = 0;
   std::uint16_t pending = 0;  // events outstanding before it may be reused
-  bool timed = false;         // t_alloc holds the allocation's time (tracing was on)
   // Exported (a live block of an expandable segment, counted in its pages' shared_page
   // blocks until freed); has_uses is set with it, so its free takes the general path.
   bool exported = false;
