@@ -1188,18 +1188,23 @@ struct thread_caches {
     native_stream stream = nullptr;
     stream_cache* cache = nullptr;
   };
-  std::array<entry, 4> entries{};
-  unsigned last = 0;    // the entry used last
-  unsigned victim = 0;  // the next entry a miss replaces
+  std::array<entry, 4> entries{};  // the one used last first, then in order of use
   // Per allocator (the last four this thread used): the cache of the thread's last
   // allocation or free there, whose statistics may be unpublished.
   struct op_entry {
     std::uint64_t owner = 0;
     stream_cache* cache = nullptr;
   };
-  std::array<op_entry, 4> ops{};
-  unsigned op_last = 0;    // the entry used last
-  unsigned op_victim = 0;  // the next entry a new allocator replaces
+  std::array<op_entry, 4> ops{};  // the one used last first, then in order of use
+  // Both kept most recent first (a miss moves its entry to the front, a new one replaces
+  // the least recent), so the fast paths read fixed offsets from the thread pointer.
+
+  // Moves a[k] to the front, the ones before it back by one.
+  template <class A>
+  static void to_front(A& a, std::size_t k) noexcept
+  {
+    std::rotate(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(k), a.begin() + static_cast<std::ptrdiff_t>(k) + 1);
+  }
 };
 // initial-exec: a fixed offset from the thread pointer, where the default model for a shared
 // library calls __tls_get_addr on every allocation and free (176 bytes of the 512 of static
@@ -1368,22 +1373,21 @@ struct allocator_core::impl {
   // remembers its last four allocators; a fifth's caches publish as their batches fill).
   void begin_op(stream_cache& c) noexcept
   {
-    thread_caches::op_entry& e = tl_caches.ops[tl_caches.op_last];
+    const thread_caches::op_entry& e = tl_caches.ops[0];
     if (e.owner == id && e.cache == &c) return;
     switch_op(c);
   }
   [[gnu::noinline]] void switch_op(stream_cache& c) noexcept
   {
     thread_caches& tc = tl_caches;
-    unsigned k = 0;
+    std::size_t k = 0;
     while (k < tc.ops.size() && tc.ops[k].owner != id) ++k;
-    if (k == tc.ops.size()) {
-      k = tc.op_victim;
-      tc.op_victim = (k + 1) % static_cast<unsigned>(tc.ops.size());
+    if (k == tc.ops.size()) {  // the least recent allocator's entry goes
+      k = tc.ops.size() - 1;
       tc.ops[k] = thread_caches::op_entry{id, nullptr};
     }
-    tc.op_last = k;
-    stream_cache* previous = std::exchange(tc.ops[k].cache, &c);
+    thread_caches::to_front(tc.ops, k);
+    stream_cache* previous = std::exchange(tc.ops[0].cache, &c);
     if (previous != nullptr && previous != &c) {
       previous->mu.lock();
       figures.publish(previous->delta);
@@ -1422,20 +1426,20 @@ struct allocator_core::impl {
 
   stream_cache& cache_for(native_stream s)
   {
-    const thread_caches::entry& t = tl_caches.entries[tl_caches.last];
+    const thread_caches::entry& t = tl_caches.entries[0];
     if (t.owner == id && t.stream == s) return *t.cache;
     return find_cache(s);
   }
 
   // cache_for() when the thread's last stream was another: its other recent streams, then
-  // the registry (or a new cache), remembered in place of the oldest entry.
+  // the registry (or a new cache), remembered in place of the least recent entry.
   [[gnu::noinline]] stream_cache& find_cache(native_stream s)
   {
     thread_caches& tc = tl_caches;
-    for (unsigned k = 0; k < tc.entries.size(); ++k) {
+    for (std::size_t k = 0; k < tc.entries.size(); ++k) {
       if (tc.entries[k].owner == id && tc.entries[k].stream == s) {
-        tc.last = k;
-        return *tc.entries[k].cache;
+        thread_caches::to_front(tc.entries, k);
+        return *tc.entries[0].cache;
       }
     }
     stream_cache* c = nullptr;
@@ -1452,9 +1456,8 @@ struct allocator_core::impl {
       }
       c = it->second;
     }
-    tc.last = tc.victim;
-    tc.victim = (tc.victim + 1) % static_cast<unsigned>(tc.entries.size());
-    tc.entries[tc.last] = thread_caches::entry{id, s, c};
+    thread_caches::to_front(tc.entries, tc.entries.size() - 1);
+    tc.entries[0] = thread_caches::entry{id, s, c};
     return *c;
   }
 
@@ -2618,7 +2621,7 @@ struct allocator_core::impl {
   stream_cache* hint_for(native_stream s, bool stream_given)
   {
     if (stream_given) return &cache_for(s);
-    const thread_caches::entry& t = tl_caches.entries[tl_caches.last];
+    const thread_caches::entry& t = tl_caches.entries[0];
     return t.owner == id ? t.cache : nullptr;
   }
 
