@@ -126,6 +126,25 @@ struct alignas(64) block {
   // pages and its free neighbours), raised at once when a neighbour grows, lowered lazily.
   std::size_t room = 0;
   [[nodiscard]] bool whole() const noexcept { return prev == nullptr && next == nullptr; }
+  // Every field above back to its default, field by field (`*this = block{}` builds a
+  // temporary and move-assigns a vector: ~20 instructions more on every split); `uses`
+  // keeps its capacity, emptied. A field added above is reset here too.
+  void reset() noexcept
+  {
+    addr = 0;
+    size = 0;
+    requested = 0;
+    prev = next = fprev = fnext = nullptr;
+    state = block_state::free;
+    counted_split = small = has_uses = timed = false;
+    cls = 0;
+    seg = nullptr;
+    uses.clear();
+    t_alloc = 0;
+    pending = 0;
+    exported = false;
+    room = 0;
+  }
 };
 static_assert(offsetof(block, seg) == 64, "a free's fields fill the first cache line");
 
@@ -664,8 +683,9 @@ struct stat_delta {
   // (at 64 MiB requests they did: a call and two unpredictable branches per operation).
   std::int64_t limit = 0;
   cache_mutex* owner = nullptr;  // the lock of the cache it belongs to
-  bool overdrawn = false;        // drifted past batch and kept (shared_stats::settle)
   static constexpr std::int64_t k_no_limit = std::numeric_limits<std::int64_t>::max() / 4;
+  // Drifted past batch and kept (shared_stats::settle) until published.
+  [[nodiscard]] bool overdrawn() const noexcept { return limit == k_no_limit; }
 
   // What an operation changed. Raises: an allocation of either pool (its allocated,
   // requested, active bytes and count), inactive split bytes grew, a free (cached bytes of
@@ -945,7 +965,7 @@ struct shared_stats {
     // thread) is seen whole before its lock is tried.
     if (stat_delta* o = overdrawn.load(std::memory_order_acquire); o != nullptr && o != &d) {
       if (o->owner->try_lock()) {
-        if (o->overdrawn) publish(*o);
+        if (o->overdrawn()) publish(*o);
         o->owner->unlock();
       }
     }
@@ -954,8 +974,7 @@ struct shared_stats {
       publish(d);
       return;
     }
-    if ((d.due & stat_delta::due_drift) != 0 && !d.overdrawn) {
-      d.overdrawn = true;
+    if ((d.due & stat_delta::due_drift) != 0 && !d.overdrawn()) {
       d.limit = stat_delta::k_no_limit;
       overdrawn.store(&d, std::memory_order_release);
     }
@@ -970,8 +989,7 @@ struct shared_stats {
     if (dirty == 0) return;
     std::lock_guard g{mu};
     last.store(&d, std::memory_order_relaxed);
-    if (d.overdrawn) {
-      d.overdrawn = false;
+    if (d.overdrawn()) {
       d.limit = d.batch;
       stat_delta* self = &d;
       overdrawn.compare_exchange_strong(self, nullptr, std::memory_order_relaxed);
@@ -1505,21 +1523,7 @@ struct allocator_core::impl {
     }
     block* b = c.spare;
     c.spare = b->next;
-    // Field by field, not `*b = block{}` (a temporary and a vector move-assignment: ~20
-    // instructions more on every split); `uses` keeps its capacity, emptied.
-    b->addr = 0;
-    b->size = 0;
-    b->requested = 0;
-    b->prev = b->next = b->fprev = b->fnext = nullptr;
-    b->state = block_state::free;
-    b->counted_split = b->small = b->has_uses = b->timed = false;
-    b->cls = 0;
-    b->pending = 0;
-    b->seg = nullptr;
-    b->uses.clear();
-    b->t_alloc = 0;
-    b->exported = false;
-    b->room = 0;
+    b->reset();
     return b;
   }
 
