@@ -117,6 +117,7 @@ class limiting_upstream final : public depot::upstream_resource {
   }
   std::uint64_t vm_map(void* addr, std::size_t bytes) override
   {
+    if (on_map) on_map();
     if (fail_maps_with_error) throw depot::error("test: map refused", "vm_map", __FILE__, __LINE__, 1, "test");
     if (static_cast<std::size_t>(c_->outstanding.load()) + bytes > limit_) {
       ++c_->failures;
@@ -164,6 +165,7 @@ class limiting_upstream final : public depot::upstream_resource {
   bool vm = true;                     // false: as an upstream that cannot map memory
   bool fail_maps_with_error = false;  // vm_map throws depot::error (not out of memory)
   bool fail_reserve = false;          // vm_reserve finds no addresses
+  std::function<void()> on_map;       // called at each vm_map first (under the cache's lock)
   bool event_done(depot::native_event e) override { return inner_.event_done(e); }
   void wait_event(depot::native_event e) override { inner_.wait_event(e); }
   void stream_wait(depot::native_stream s, depot::native_event e) override { inner_.stream_wait(s, e); }
@@ -2368,6 +2370,77 @@ TEST_CASE_TEMPLATE("pool: four threads on one stream, and a reader of the statis
   CHECK(st.allocated_bytes.all.current == 0);
   CHECK(st.num_allocations.all.allocated == st.num_allocations.all.freed);
   CHECK(st.allocated_bytes.all.peak > 0);
+  check_invariants(a);
+}
+
+// A cache held through a slow upstream call (pages mapped for an expandable segment, under
+// the cache's lock): the other threads on its stream spin, then sleep on the lock, and go
+// on once it is given back; afterwards they contend with each other (waking one another at
+// each unlock). Nothing is lost or handed out twice, and the figures end at zero.
+TEST_CASE_TEMPLATE("pool: threads asleep on a cache held through a slow upstream call all go on", D,
+                   DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  auto owned = std::make_unique<limiting_upstream<D>>(std::size_t{1} << 40, counters);
+  limiting_upstream<D>& up = *owned;
+  depot::allocator_config cfg = quiet_config<D>();
+  cfg.expandable_segments = true;
+  depot::caching_allocator<D> a{std::move(owned), cfg};
+  if (a.expandable_page() == 0) {
+    MESSAGE("device 0 cannot map memory: no upstream call under a cache lock to wait for");
+    return;
+  }
+  depot::stream<D> s;
+  std::atomic<bool> mapping{false};
+  up.on_map = [&] {
+    if (!mapping.exchange(true)) std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  };
+  std::thread holder{[&] {
+    void* p = a.allocate(64 * MiB, s);  // a miss: maps pages with the cache locked
+    a.deallocate(p, s);
+  }};
+  while (!mapping.load()) std::this_thread::yield();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::atomic<int> errors{0};
+  std::atomic<std::int64_t> made{1};  // the holder's
+  std::vector<std::thread> waiters;
+  std::vector<double> waited_ms(3);
+  for (int t = 0; t < 3; ++t) {
+    waiters.emplace_back([&, t] {
+      void* first = a.allocate(4 * KiB, s);  // waits for the holder
+      ++made;
+      waited_ms[static_cast<std::size_t>(t)] =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      std::vector<void*> mine{first};
+      for (int i = 0; i < 3000; ++i) {
+        if (mine.size() < 8) {
+          void* p = a.allocate(static_cast<std::size_t>(512 * (1 + (i + t) % 64)), s);
+          const auto mark = static_cast<unsigned char>(t + 1);
+          depot::runtime<D>::copy(p, &mark, 1);
+          mine.push_back(p);
+          ++made;
+        } else {
+          for (void* p : mine) {
+            unsigned char probe = 0;
+            depot::runtime<D>::copy(&probe, p, 1);
+            if (p != first && probe != t + 1) ++errors;
+            a.deallocate(p, s);
+          }
+          mine.clear();
+        }
+      }
+      for (void* p : mine) a.deallocate(p, s);
+    });
+  }
+  holder.join();
+  for (auto& th : waiters) th.join();
+  MESSAGE("the waiters' first allocations returned after " << waited_ms[0] << ", " << waited_ms[1] << ", "
+                                                            << waited_ms[2] << " ms (the holder slept 50 ms)");
+  CHECK(errors.load() == 0);
+  const depot::memory_stats st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.num_allocations.all.allocated == st.num_allocations.all.freed);
+  CHECK(st.num_allocations.all.allocated == made.load());
   check_invariants(a);
 }
 
