@@ -19,7 +19,9 @@
 // when a figure drifts by more than stats_batch (unless no other cache published since:
 // one thread alone keeps them, unchecked until published) or after 256 operations (at
 // once when segments change or the thread moves to another cache; another cache's
-// publishing operations publish a cache that kept its drift when its lock is free);
+// publishing operations publish a cache that kept its drift when its lock is free); the
+// highs a cache keeps for the peaks start each window at the peaks' headroom over the
+// shared figures, so they rise (an unpredictable branch) only where a peak could move;
 // stats() and snapshot() take every cache lock and stats() publishes
 // every cache first, so the two agree.
 // Streams: a block freed on its own stream is reusable at once on that stream; a block
@@ -707,6 +709,14 @@ struct stat_delta {
   std::array<std::int64_t, 16> high{};
   std::array<std::int64_t, q_count> all_high{};
   std::array<std::int64_t, 3> cached_high{};  // large, small, all
+  // Headroom, set at a window's first operation (shared_stats::open_window): how far each
+  // shared figure of the hot quantities was below its peak. The highs start there, so an
+  // operation raises a high only when it could move the peak (raising from 0 after every
+  // publish took ~1 unpredictable branch per pair at random sizes), and publish() takes in
+  // only the highs that rose above it. 0 when not set (publish() takes in every high then).
+  std::array<std::int64_t, 16> room{};
+  std::array<std::int64_t, q_count> all_room{};
+  std::array<std::int64_t, 3> cached_room{};
   std::uint32_t op = 0;     // op_* bits: what the operation under way changed
   std::uint32_t dirty = 0;  // op_* bits of the operations since the last publish
   std::uint8_t due = 0;     // due_* bits: publish as the operation ends
@@ -965,13 +975,15 @@ struct shared_stats {
 
   [[gnu::always_inline]] void publish_all_peak(stat_delta& d, unsigned q) noexcept
   {
-    raise(all_peak[q], get(value[q]) + get(value[q + 8]) + d.all_high[q]);
+    if (d.all_high[q] > d.all_room[q] || d.all_room[q] == 0) {
+      raise(all_peak[q], get(value[q]) + get(value[q + 8]) + d.all_high[q]);
+    }
     d.all_high[q] = 0;
   }
   [[gnu::always_inline]] void publish_cell(stat_delta& d, unsigned i) noexcept
   {
     const std::int64_t v = get(value[i]);
-    raise(peak[i], v + d.high[i]);
+    if (d.high[i] > d.room[i] || d.room[i] == 0) raise(peak[i], v + d.high[i]);
     set(value[i], v + d.net[i]);
     if (d.added[i] != 0) set(added[i], get(added[i]) + d.added[i]);
     d.net[i] = 0;
@@ -994,7 +1006,7 @@ struct shared_stats {
   // others take in. Then this one is published, unless it is due only because a figure
   // drifted, no other delta was published since it was and stats_batch is not 0 (exact
   // peaks asked for): then it is kept, and marked.
-  [[gnu::noinline]] void settle(stat_delta& d) noexcept
+  [[gnu::noinline]] void settle(stat_delta& d, bool fresh) noexcept
   {
     // acquire: pairs with the release below, so the kept delta's cache (made by another
     // thread) is seen whole before its lock is tried.
@@ -1009,6 +1021,7 @@ struct shared_stats {
       publish(d);
       return;
     }
+    if (fresh && d.batch != 0) open_window(d);
     if ((d.due & stat_delta::due_drift) != 0 && !d.overdrawn()) {
       d.limit = stat_delta::k_no_limit;
       overdrawn.store(&d, std::memory_order_release);
@@ -1038,13 +1051,13 @@ struct shared_stats {
     publish_all_peak(d, q_active);
     publish_all_peak(d, q_inactive_split);
     publish_all_peak(d, q_num_allocations);
-    if ((dirty & (stat_delta::op_free | stat_delta::op_general)) != 0) {  // else cached_high is 0
+    if ((dirty & (stat_delta::op_free | stat_delta::op_general)) != 0) {  // else no cached high rose
       const std::int64_t large = current(q_reserved, 0) - current(q_allocated, 0);
       const std::int64_t small = current(q_reserved, 1) - current(q_allocated, 1);
-      raise(cached_peak[0], large + d.cached_high[0]);
-      raise(cached_peak[1], small + d.cached_high[1]);
-      raise(cached_peak[2], large + small + d.cached_high[2]);
-      d.cached_high = {};
+      const std::int64_t now[3] = {large, small, large + small};
+      for (unsigned k = 0; k < 3; ++k) {
+        if (d.cached_high[k] > d.cached_room[k] || d.cached_room[k] == 0) raise(cached_peak[k], now[k] + d.cached_high[k]);
+      }
     }
     if ((dirty & (stat_delta::op_large | stat_delta::op_general)) != 0) publish_pool(d, 0);
     if ((dirty & (stat_delta::op_small | stat_delta::op_general)) != 0) publish_pool(d, 8);
@@ -1056,9 +1069,47 @@ struct shared_stats {
         publish_cell(d, p + q_num_segments);
       }
     }
+    // The highs of cells not taken in above may hold their headroom: the next window sets its own.
+    d.high = {};
+    d.cached_high = {};
+    d.room = {};
+    d.all_room = {};
+    d.cached_room = {};
     d.dirty = 0;
     d.due = 0;
     d.ops = 0;
+  }
+
+  // A window's first operation has ended on d's cache (caller holds its lock; d not
+  // published since): each high of the hot quantities starts at the headroom of its peak
+  // over the shared figure (see stat_delta::room). Read under mu, so the figures are one
+  // publish's. Exact while d's cache is the only one publishing: the shared figure stays
+  // what it is now until d is published, so value + high reaches the peak only if a
+  // boundary of this window did. Not with stats_batch 0 (every operation publishes).
+  void open_window(stat_delta& d) noexcept
+  {
+    std::lock_guard g{mu};
+    auto headroom = [](std::int64_t peak_now, std::int64_t value_now) {
+      return std::max<std::int64_t>(peak_now - value_now, 0);
+    };
+    for (unsigned p : {0U, 8U}) {
+      for (unsigned q : {q_allocated, q_requested, q_active, q_inactive_split, q_num_allocations}) {
+        const unsigned i = p + q;
+        d.room[i] = headroom(get(peak[i]), get(value[i]));
+        d.high[i] = std::max(d.high[i], d.room[i]);
+      }
+    }
+    for (unsigned q : {q_allocated, q_requested, q_active, q_inactive_split, q_num_allocations}) {
+      d.all_room[q] = headroom(get(all_peak[q]), total(static_cast<quantity>(q)));
+      d.all_high[q] = std::max(d.all_high[q], d.all_room[q]);
+    }
+    const std::int64_t large = current(q_reserved, 0) - current(q_allocated, 0);
+    const std::int64_t small = current(q_reserved, 1) - current(q_allocated, 1);
+    const std::int64_t now[3] = {large, small, large + small};
+    for (unsigned k = 0; k < 3; ++k) {
+      d.cached_room[k] = headroom(get(cached_peak[k]), now[k]);
+      d.cached_high[k] = std::max(d.cached_high[k], d.cached_room[k]);
+    }
   }
 
   // Peaks restart from the current figures (caller holds every cache lock, deltas published).
@@ -1217,7 +1268,7 @@ class cache_lock {
       const bool fresh = d.dirty == 0;  // the first operation since the last publish
       d.end_op();
       if (d.due != 0 || fresh) [[unlikely]] {
-        stats_->settle(d);
+        stats_->settle(d, fresh);
       }
     }
     std::exchange(cache_, nullptr)->mu.unlock();
