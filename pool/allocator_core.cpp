@@ -221,9 +221,10 @@ class segregated_index {
   {
     const auto [fl, sl] = mapping(b->*Key);
     b->cls = static_cast<std::uint16_t>(fl * 16 + sl);  // remove() reads it back
+    block* const n = heads_[fl][sl];
     b->fprev = nullptr;
-    b->fnext = heads_[fl][sl];
-    if (b->fnext != nullptr) b->fnext->fprev = b;
+    b->fnext = n;
+    sink_or(n)->fprev = b;
     heads_[fl][sl] = b;
     fl_map_ |= std::uint64_t{1} << fl;
     sl_map_[fl] = static_cast<std::uint16_t>(sl_map_[fl] | (1U << sl));
@@ -234,17 +235,15 @@ class segregated_index {
   {
     const unsigned fl = b->cls >> 4U;
     const unsigned sl = b->cls & 15U;
-    if (b->fprev != nullptr) {
-      b->fprev->fnext = b->fnext;
-    } else {
-      heads_[fl][sl] = b->fnext;
-    }
-    if (b->fnext != nullptr) b->fnext->fprev = b->fprev;
+    block* const p = b->fprev;
+    block* const n = b->fnext;
+    *(p != nullptr ? &p->fnext : &heads_[fl][sl]) = n;
+    sink_or(n)->fprev = p;
     b->fprev = b->fnext = nullptr;
-    if (heads_[fl][sl] == nullptr) {
-      sl_map_[fl] = static_cast<std::uint16_t>(sl_map_[fl] & ~(1U << sl));
-      if (sl_map_[fl] == 0) fl_map_ &= ~(std::uint64_t{1} << fl);
-    }
+    // The bitmaps without a branch: whether a list empties is the workload's coin toss.
+    const auto emptied = static_cast<unsigned>(heads_[fl][sl] == nullptr);
+    sl_map_[fl] = static_cast<std::uint16_t>(sl_map_[fl] & ~(emptied << sl));
+    fl_map_ &= ~(std::uint64_t{sl_map_[fl] == 0} << fl);
     bytes_ -= b->*Key;
   }
 
@@ -296,6 +295,10 @@ class segregated_index {
   std::array<std::uint16_t, 64> sl_map_{};
   std::array<std::array<block*, 16>, 64> heads_{};
   std::size_t bytes_ = 0;
+  // Where a list's links write when there is no neighbour (written, never read): the links
+  // need no branch on whether a neighbour exists (unpredictable at random sizes).
+  block sink_;
+  block* sink_or(block* b) noexcept { return b != nullptr ? b : &sink_; }
 };
 using free_index = segregated_index<&block::size>;
 using hole_index = segregated_index<&block::room>;
