@@ -948,13 +948,23 @@ struct shared_stats {
   }
   [[nodiscard]] std::int64_t total(quantity q) const noexcept { return current(q, 0) + current(q, 1); }
 
-  void raise_cached() noexcept
+  // cached = reserved - allocated: large, small, all
+  [[nodiscard]] std::array<std::int64_t, 3> cached_now() const noexcept
   {
     const std::int64_t large = current(q_reserved, 0) - current(q_allocated, 0);
     const std::int64_t small = current(q_reserved, 1) - current(q_allocated, 1);
-    raise(cached_peak[0], large);
-    raise(cached_peak[1], small);
-    raise(cached_peak[2], large + small);
+    return {large, small, large + small};
+  }
+  void raise_cached() noexcept
+  {
+    const auto now = cached_now();
+    for (unsigned k = 0; k < 3; ++k) raise(cached_peak[k], now[k]);
+  }
+  // Whether publish() takes a delta's high in: it rose above the headroom its window
+  // started at (stat_delta::room), or no headroom was set.
+  [[gnu::always_inline]] static bool rose(std::int64_t high, std::int64_t room) noexcept
+  {
+    return high > room || room == 0;
   }
 
   [[nodiscard]] stat load_cell(quantity q, int p) const noexcept
@@ -980,20 +990,17 @@ struct shared_stats {
 
   [[gnu::always_inline]] void publish_all_peak(stat_delta& d, unsigned q) noexcept
   {
-    if (d.all_high[q] > d.all_room[q] || d.all_room[q] == 0) {
-      raise(all_peak[q], get(value[q]) + get(value[q + 8]) + d.all_high[q]);
-    }
+    if (rose(d.all_high[q], d.all_room[q])) raise(all_peak[q], get(value[q]) + get(value[q + 8]) + d.all_high[q]);
     d.all_high[q] = 0;
   }
   [[gnu::always_inline]] void publish_cell(stat_delta& d, unsigned i) noexcept
   {
     const std::int64_t v = get(value[i]);
-    if (d.high[i] > d.room[i] || d.room[i] == 0) raise(peak[i], v + d.high[i]);
+    if (rose(d.high[i], d.room[i])) raise(peak[i], v + d.high[i]);
     set(value[i], v + d.net[i]);
     if (d.added[i] != 0) set(added[i], get(added[i]) + d.added[i]);
     d.net[i] = 0;
-    d.added[i] = 0;
-    d.high[i] = 0;
+    d.added[i] = 0;  // its high: with every high at the end of publish()
   }
   [[gnu::always_inline]] void publish_pool(stat_delta& d, unsigned p) noexcept
   {
@@ -1057,11 +1064,9 @@ struct shared_stats {
     publish_all_peak(d, q_inactive_split);
     publish_all_peak(d, q_num_allocations);
     if ((dirty & (stat_delta::op_free | stat_delta::op_general)) != 0) {  // else no cached high rose
-      const std::int64_t large = current(q_reserved, 0) - current(q_allocated, 0);
-      const std::int64_t small = current(q_reserved, 1) - current(q_allocated, 1);
-      const std::int64_t now[3] = {large, small, large + small};
+      const auto now = cached_now();
       for (unsigned k = 0; k < 3; ++k) {
-        if (d.cached_high[k] > d.cached_room[k] || d.cached_room[k] == 0) raise(cached_peak[k], now[k] + d.cached_high[k]);
+        if (rose(d.cached_high[k], d.cached_room[k])) raise(cached_peak[k], now[k] + d.cached_high[k]);
       }
     }
     if ((dirty & (stat_delta::op_large | stat_delta::op_general)) != 0) publish_pool(d, 0);
@@ -1074,7 +1079,8 @@ struct shared_stats {
         publish_cell(d, p + q_num_segments);
       }
     }
-    // The highs of cells not taken in above may hold their headroom: the next window sets its own.
+    // Every cell's high back to 0 (also those not taken in above, which may hold their
+    // headroom): the next window sets its own.
     d.high = {};
     d.cached_high = {};
     d.room = {};
@@ -1108,9 +1114,7 @@ struct shared_stats {
       d.all_room[q] = headroom(get(all_peak[q]), total(static_cast<quantity>(q)));
       d.all_high[q] = std::max(d.all_high[q], d.all_room[q]);
     }
-    const std::int64_t large = current(q_reserved, 0) - current(q_allocated, 0);
-    const std::int64_t small = current(q_reserved, 1) - current(q_allocated, 1);
-    const std::int64_t now[3] = {large, small, large + small};
+    const auto now = cached_now();
     for (unsigned k = 0; k < 3; ++k) {
       d.cached_room[k] = headroom(get(cached_peak[k]), now[k]);
       d.cached_high[k] = std::max(d.cached_high[k], d.cached_room[k]);
