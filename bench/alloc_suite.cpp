@@ -127,7 +127,7 @@ std::vector<allocator_under_test> allocators_for(int device, std::size_t cap,
                  },
                  [&depot_pool](void* p, native_stream s) { depot_pool->deallocate(p, stream_ref<D>{s}); },
                  [&depot_pool, device, trace_capacity] {
-                   allocator_config cfg;
+                   allocator_config cfg = allocator_config::from_environment();  // DEPOT_ALLOC_CONF applies
                    cfg.trace_capacity = trace_capacity;  // --trace-out
                    depot_pool = std::make_unique<caching_allocator<D>>(device, cfg);
                  }});
@@ -141,7 +141,7 @@ std::vector<allocator_under_test> allocators_for(int device, std::size_t cap,
                  [expandable](void* p, native_stream s) { (*expandable)->deallocate(p, stream_ref<D>{s}); },
                  [expandable, device] {
                    expandable->reset();  // the previous configuration's pool goes first
-                   allocator_config cfg;
+                   allocator_config cfg = allocator_config::from_environment();  // DEPOT_ALLOC_CONF applies
                    cfg.expandable_segments = true;
                    *expandable = std::make_unique<caching_allocator<D>>(device, cfg);
                  }});

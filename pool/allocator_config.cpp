@@ -33,6 +33,13 @@ unsigned long long parse_unsigned(std::string_view key, std::string_view value,
 }
 
 // "1048576", "512KiB", "64MiB", "2GiB" (binary units; "KB"/"MB"/"GB" are refused as ambiguous).
+bool parse_bool(std::string_view key, std::string_view value)
+{
+  if (value == "true" || value == "True" || value == "1") return true;
+  if (value == "false" || value == "False" || value == "0") return false;
+  bad(key, value, "true or false (also True/False, 1/0)");
+}
+
 std::size_t parse_bytes(std::string_view key, std::string_view value, std::string_view range)
 {
   std::size_t split = 0;
@@ -204,20 +211,16 @@ allocator_config allocator_config::parse(std::string_view text)
       if (v > (std::size_t{1} << 40)) bad(key, value, range);
       c.stats_batch = v;
     } else if (key == "expandable_segments") {
-      if (value == "true" || value == "True" || value == "1") {
-        c.expandable_segments = true;
-      } else if (value == "false" || value == "False" || value == "0") {
-        c.expandable_segments = false;
-      } else {
-        bad(key, value, "true or false (also True/False, 1/0)");
-      }
+      c.expandable_segments = parse_bool(key, value);
+    } else if (key == "biased_locks") {
+      c.biased_locks = parse_bool(key, value);
     } else {
       throw invalid_argument(
           "depot: DEPOT_ALLOC_CONF: unknown key '" + std::string{key} +
           "'; known keys: max_split_size (or max_split_size_mb), max_non_split_rounding (or "
           "max_non_split_rounding_mb), roundup_power2_divisions, "
           "garbage_collection_threshold, release_threshold (or release_threshold_mb), "
-          "per_process_memory_fraction, trace_capacity, stats_batch, expandable_segments");
+          "per_process_memory_fraction, trace_capacity, stats_batch, expandable_segments, biased_locks");
     }
   }
   c.validate();
@@ -306,6 +309,7 @@ std::string allocator_config::to_string() const
   if (trace_capacity != 0) add("trace_capacity:" + std::to_string(trace_capacity));
   if (stats_batch != allocator_config{}.stats_batch) add("stats_batch:" + std::to_string(stats_batch));
   if (expandable_segments) add("expandable_segments:true");
+  if (!biased_locks) add("biased_locks:false");
   return s;
 }
 

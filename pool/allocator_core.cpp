@@ -33,13 +33,10 @@
 #include <depot/hal/format_bytes.hpp>
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/pool/detail/allocator_core.hpp>
+#include <depot/pool/detail/biased_mutex.hpp>
 #include <depot/pool/ipc_mapping.hpp>
 
 #include <fcntl.h>
-#if defined(__linux__)
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#endif
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -633,69 +630,10 @@ class spin_lock {
   std::atomic<bool> held_{false};
 };
 
-// A stream cache's mutex. Uncontended it costs one atomic read-modify-write, the
-// compare-exchange that takes it: giving it back is a release store and a plain read of the
-// sleeper count (an exchange there, as std::mutex and futex locks do to learn of waiters,
-// cost 5-9 % of an allocate+free pair on a Xeon host). A taker that finds it held spins
-// briefly, then sleeps on the state word (a futex on Linux) for at most 100 us at a time:
-// a giver whose read of the count overtook its store (x86 lets a load pass an earlier
-// store) may miss a sleeper that came just then, who finds the lock free at its next
-// check, late but never stuck. A holder blocked in an upstream call keeps nobody spinning.
-class cache_mutex {
- public:
-  void lock() noexcept
-  {
-    int expected = 0;
-    if (!state_.compare_exchange_strong(expected, 1, std::memory_order_acquire)) lock_slow();
-  }
-  bool try_lock() noexcept
-  {
-    int expected = 0;
-    return state_.compare_exchange_strong(expected, 1, std::memory_order_acquire);
-  }
-  void unlock() noexcept
-  {
-    state_.store(0, std::memory_order_release);
-    if (sleepers_.load(std::memory_order_relaxed) != 0) [[unlikely]] {
-      wake_one();
-    }
-  }
-
- private:
-  [[gnu::noinline]] void lock_slow() noexcept
-  {
-    for (int i = 0; i < 64; ++i) {
-      spin_lock::relax();
-      if (state_.load(std::memory_order_relaxed) == 0 && try_lock()) return;
-    }
-    for (;;) {
-      sleepers_.fetch_add(1, std::memory_order_seq_cst);
-      if (state_.load(std::memory_order_seq_cst) != 0) sleep_while_held();
-      sleepers_.fetch_sub(1, std::memory_order_relaxed);
-      if (try_lock()) return;
-    }
-  }
-  // Returns when woken, when the state is no longer 1 (checked by the kernel as it goes to
-  // sleep), or after 100 us.
-  void sleep_while_held() noexcept
-  {
-#if defined(__linux__)
-    timespec bound{0, 100'000};
-    syscall(SYS_futex, reinterpret_cast<int*>(&state_), FUTEX_WAIT_PRIVATE, 1, &bound, nullptr, 0);
-#else
-    std::this_thread::sleep_for(std::chrono::microseconds{100});
-#endif
-  }
-  void wake_one() noexcept
-  {
-#if defined(__linux__)
-    syscall(SYS_futex, reinterpret_cast<int*>(&state_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
-#endif
-  }
-  std::atomic<int> state_{0};  // 0 free, 1 held
-  std::atomic<int> sleepers_{0};
-  static_assert(sizeof(std::atomic<int>) == sizeof(int) && std::atomic<int>::is_always_lock_free);
-};
+// A stream cache's mutex: biased to the thread that uses the stream (no atomic
+// read-modify-write per operation once it is), else one compare-exchange to take and a
+// release store to give back; a waiter spins briefly, then sleeps (biased_mutex.hpp).
+using cache_mutex = biased_mutex;
 
 // What the operations on one stream cache changed in the shared figures and have not yet
 // published (kept under the cache's lock). Per cell [pool * 8 + quantity]: the net change,
@@ -1023,7 +961,7 @@ struct shared_stats {
     // acquire: pairs with the release below, so the kept delta's cache (made by another
     // thread) is seen whole before its lock is tried.
     if (stat_delta* o = overdrawn.load(std::memory_order_acquire); o != nullptr && o != &d) {
-      if (o->owner->try_lock()) {
+      if (o->owner->try_lock_unbiased()) {  // biased to its thread: it publishes itself
         if (o->overdrawn()) publish(*o);
         o->owner->unlock();
       }
@@ -1152,8 +1090,8 @@ struct block_ref {
 };
 
 struct stream_cache {
-  stream_cache(native_stream s, const segment_table& t, std::size_t stats_batch)
-      : stream{s}, small{t}, delta{stats_batch, mu}
+  stream_cache(native_stream s, const segment_table& t, std::size_t stats_batch, bool biased_lock)
+      : stream{s}, mu{biased_lock}, small{t}, delta{stats_batch, mu}
   {
   }
   native_stream stream;
@@ -1564,7 +1502,7 @@ struct allocator_core::impl {
       std::unique_lock w{registry_mu};
       auto [it, inserted] = by_stream.try_emplace(s, nullptr);
       if (inserted) {
-        caches.push_back(std::make_unique<stream_cache>(s, small_table, cfg.stats_batch));
+        caches.push_back(std::make_unique<stream_cache>(s, small_table, cfg.stats_batch, cfg.biased_locks));
         it->second = caches.back().get();
       }
       c = it->second;

@@ -2252,6 +2252,7 @@ TEST_CASE_TEMPLATE("pool: four threads at once", D, DEPOT_TEST_DEVICES)
   cfg.stats_batch = 64 * KiB;
   SUBCASE("ordinary segments") {}
   SUBCASE("expandable segments") { cfg.expandable_segments = true; }
+  SUBCASE("ordinary segments, locks never biased") { cfg.biased_locks = false; }
   depot::caching_allocator<D> a{0, cfg};
   std::atomic<int> errors{0};
   std::atomic<std::int64_t> made{0};
@@ -2312,8 +2313,12 @@ TEST_CASE_TEMPLATE("pool: four threads on one stream, and a reader of the statis
                    DEPOT_TEST_DEVICES)
 {
   // One stream cache shared by four threads (its lock contended, so waiters spin and sleep)
-  // while a fifth reads the statistics and snapshots (every cache lock) all along.
-  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  // while a fifth reads the statistics and snapshots (every cache lock, revoking a bias
+  // that a thread's run of takes made) all along.
+  depot::allocator_config cfg = quiet_config<D>();
+  SUBCASE("biased locks (the default)") {}
+  SUBCASE("locks never biased") { cfg.biased_locks = false; }
+  depot::caching_allocator<D> a{0, cfg};
   depot::stream<D> s;
   std::atomic<int> errors{0};
   std::atomic<int> inconsistent{0};
@@ -2597,6 +2602,11 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
   CHECK(allocator_config::parse("expandable_segments:True").expandable_segments);
   CHECK_FALSE(allocator_config::parse("expandable_segments:true,expandable_segments:0").expandable_segments);
   CHECK(allocator_config::parse(allocator_config::parse("expandable_segments:1").to_string()).expandable_segments);
+  CHECK(c.biased_locks);  // the default
+  CHECK_FALSE(allocator_config::parse("biased_locks:false").biased_locks);
+  CHECK_FALSE(allocator_config::parse("biased_locks:0").biased_locks);
+  CHECK(allocator_config::parse("biased_locks:False,biased_locks:True").biased_locks);
+  CHECK_FALSE(allocator_config::parse(allocator_config::parse("biased_locks:false").to_string()).biased_locks);
 
   // PyTorch's list form: divisions by size interval (a plain bound is MiB), in one item
   // although it holds commas; the last of the two forms wins.
@@ -2658,6 +2668,8 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
       {"trace_capacity:many", "trace_capacity"},
       {"expandable_segments:yes", "true or false"},
       {"expandable_segments:", "expandable_segments"},
+      {"biased_locks:maybe", "true or false"},
+      {"biased_locks:", "biased_locks"},
       {"expandable_segment:true", "unknown key 'expandable_segment'"},
       {"max_split_size_mb", "not key:value"},
       {"max_split_size:512MB", "e.g. 512MiB"},

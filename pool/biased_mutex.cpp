@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#include <depot/pool/detail/biased_mutex.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#endif
+
+namespace depot::detail {
+
+namespace {
+
+void relax() noexcept
+{
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+#if defined(__linux__)
+long membarrier(int cmd) noexcept { return syscall(SYS_membarrier, cmd, 0U, 0); }
+#endif
+
+// A full memory barrier on every running thread of this process (the revoker's side of
+// the biased entry's Dekker pairing).
+void heavy_fence() noexcept
+{
+#if defined(__linux__)
+  if (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) return;
+  // Registration is per address space: a child of fork() may need it again.
+  if (membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0 &&
+      membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) {
+    return;
+  }
+#endif
+  // Only reached once supported() said yes and the kernel then refused: no safe way on.
+  std::fputs("depot: membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) failed after it was registered; "
+             "set DEPOT_ALLOC_CONF=biased_locks:false\n",
+             stderr);
+  std::abort();
+}
+
+}  // namespace
+
+bool biased_mutex::supported() noexcept
+{
+#if defined(__linux__)
+  static const bool ok = [] {
+    const long cmds = membarrier(MEMBARRIER_CMD_QUERY);
+    if (cmds < 0 || (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) return false;
+    return membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+bool biased_mutex::try_lock_impl(bool may_revoke) noexcept
+{
+  if (bias_.load(std::memory_order_relaxed) == self() && enter_biased()) return true;
+  int expected = 0;
+  if (!state_.compare_exchange_strong(expected, 1, std::memory_order_acquire)) return false;
+  if (bias_.load(std::memory_order_relaxed) != nullptr || busy_.load(std::memory_order_acquire) != 0) {
+    if ((!may_revoke && bias_.load(std::memory_order_relaxed) != nullptr) || !clear_bias(false)) {
+      // the shared word back (not unlock(): biased_inside_ is the biased holder's now)
+      state_.store(0, std::memory_order_release);
+      if (sleepers_.load(std::memory_order_relaxed) != 0) wake(state_);
+      return false;
+    }
+  }
+  count_run();
+  return true;
+}
+
+// The biased entry lost to a revoker: out again, waking a revoker that may sleep on busy_.
+void biased_mutex::backed_off() noexcept
+{
+  busy_.store(0, std::memory_order_release);
+  if (busy_sleepers_.load(std::memory_order_relaxed) != 0) wake(busy_);
+}
+
+// A taker that found the shared word held spins briefly, then sleeps on it for at most
+// 100 us at a time: a giver whose read of the sleeper count overtook its store (x86 lets a
+// load pass an earlier store) may miss a sleeper that came just then, who finds it free at
+// its next check, late but never stuck.
+void biased_mutex::lock_slow() noexcept
+{
+  for (int i = 0; i < 64; ++i) {
+    relax();
+    int expected = 0;
+    if (state_.load(std::memory_order_relaxed) == 0 &&
+        state_.compare_exchange_strong(expected, 1, std::memory_order_acquire)) {
+      return;
+    }
+  }
+  for (;;) {
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    if (state_.load(std::memory_order_seq_cst) != 0) sleep_while(state_, 1);
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+    int expected = 0;
+    if (state_.compare_exchange_strong(expected, 1, std::memory_order_acquire)) return;
+  }
+}
+
+// Caller holds the shared word: a bias to another thread goes (a barrier); then, if a
+// biased holder that entered before is still inside, waits until it is out (wait) or
+// returns false (!wait: the bias is gone all the same).
+bool biased_mutex::clear_bias(bool wait) noexcept
+{
+  bool revoked = false;
+  if (bias_.load(std::memory_order_relaxed) != nullptr) {
+    bias_.store(nullptr, std::memory_order_relaxed);
+    heavy_fence();
+    ++revocations_;
+    last_ = nullptr;
+    run_ = 0;
+    revoked = true;
+  }
+  const bool out = wait_out(wait);
+  if (revoked) {
+    // A bias that served fewer takes than a barrier costs (~k_paid_off plain takes' saving)
+    // is not made again so soon. (biased_takes_ is the biased holder's until it is out.)
+    need_ = out && biased_takes_ >= k_paid_off ? k_first_run : std::min(need_ * 2, k_max_run);
+  }
+  return out;
+}
+
+// Whether the biased holder is out: at once (!wait), or once it is (wait).
+bool biased_mutex::wait_out(bool wait) noexcept
+{
+  // acquire: pairs with the biased holder's release of busy_, so what it wrote inside is seen
+  if (busy_.load(std::memory_order_acquire) == 0) return true;
+  if (!wait) return false;
+  for (int i = 0; i < 256; ++i) {
+    relax();
+    if (busy_.load(std::memory_order_acquire) == 0) return true;
+  }
+  for (;;) {
+    busy_sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    if (busy_.load(std::memory_order_seq_cst) != 0) sleep_while(busy_, 1);
+    busy_sleepers_.fetch_sub(1, std::memory_order_relaxed);
+    if (busy_.load(std::memory_order_acquire) == 0) return true;
+  }
+}
+
+// Caller holds the shared word after a run of takes by this thread.
+void biased_mutex::make_biased() noexcept
+{
+  run_ = 0;
+  if (!supported()) {
+    biasable_ = false;
+    return;
+  }
+  biased_takes_ = 0;
+  bias_.store(self(), std::memory_order_relaxed);  // seen by others through state_'s release
+}
+
+// Returns when woken, when the word no longer holds `value` (checked by the kernel as it
+// goes to sleep), or after 100 us.
+void biased_mutex::sleep_while(std::atomic<int>& word, int value) noexcept
+{
+#if defined(__linux__)
+  static_assert(sizeof(std::atomic<int>) == sizeof(int) && std::atomic<int>::is_always_lock_free);
+  timespec bound{0, 100'000};
+  syscall(SYS_futex, reinterpret_cast<int*>(&word), FUTEX_WAIT_PRIVATE, value, &bound, nullptr, 0);
+#else
+  (void)word;
+  (void)value;
+  std::this_thread::sleep_for(std::chrono::microseconds{100});
+#endif
+}
+
+void biased_mutex::wake(std::atomic<int>& word) noexcept
+{
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<int*>(&word), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+#else
+  (void)word;
+#endif
+}
+
+}  // namespace depot::detail

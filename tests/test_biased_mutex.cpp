@@ -1,0 +1,171 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+// The stream caches' lock (pool/include/depot/pool/detail/biased_mutex.hpp): exclusion in
+// every mix of biased and ordinary takes, revocation while the biased thread is inside or
+// gone, the run before a bias and its doubling. Host-only: it is the same on every backend.
+#include <doctest/doctest.h>
+
+#include <depot/pool/detail/biased_mutex.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+using depot::detail::biased_mutex;
+
+namespace {
+
+// Takes it n times in a row on the calling thread.
+void take_run(biased_mutex& m, std::uint32_t n)
+{
+  for (std::uint32_t i = 0; i < n; ++i) {
+    m.lock();
+    m.unlock();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("pool: biased lock: a run of takes by one thread biases it, where membarrier is there")
+{
+  const bool supported = biased_mutex::supported();
+  std::printf("biased_mutex: membarrier %s\n", supported ? "available: locks bias" : "not available: never biased");
+  biased_mutex m;
+  take_run(m, biased_mutex::k_first_run - 1);
+  CHECK_FALSE(m.biased_to_me());
+  take_run(m, 1);
+  CHECK(m.biased_to_me() == supported);
+  // the biased takes exclude like any other (the same thread again, then try_lock)
+  take_run(m, 1000);
+  CHECK(m.biased_to_me() == supported);
+  CHECK(m.try_lock());
+  m.unlock();
+
+  SUBCASE("never biased when built unbiasable")
+  {
+    biased_mutex u{false};
+    take_run(u, 10 * biased_mutex::k_first_run);
+    CHECK_FALSE(u.biased_to_me());
+  }
+  SUBCASE("another thread's take revokes it; a short-lived bias needs twice the run next time")
+  {
+    bool other_biased = true;
+    std::thread([&] {
+      m.lock();
+      other_biased = m.biased_to_me();
+      m.unlock();
+    }).join();
+    CHECK_FALSE(other_biased);
+    CHECK_FALSE(m.biased_to_me());
+    m.lock();
+    CHECK(m.revocations() == (supported ? 1U : 0U));
+    m.unlock();
+    // it served 1001 biased takes, fewer than k_paid_off: the next run is twice as long
+    take_run(m, 2 * biased_mutex::k_first_run - 2);  // with the take above: one short
+    CHECK_FALSE(m.biased_to_me());
+    take_run(m, 1);
+    CHECK(m.biased_to_me() == supported);
+  }
+  SUBCASE("a bias that paid off is made again after the first run")
+  {
+    take_run(m, biased_mutex::k_paid_off);
+    std::thread([&] { take_run(m, 1); }).join();
+    take_run(m, biased_mutex::k_first_run);
+    CHECK(m.biased_to_me() == supported);
+  }
+  SUBCASE("a thread that ended biased: the next taker revokes and goes on")
+  {
+    std::thread([&] { take_run(m, 2 * biased_mutex::k_paid_off); }).join();
+    CHECK_FALSE(m.biased_to_me());
+    CHECK(m.try_lock());  // revokes (the thread is gone, so nobody is inside)
+    m.unlock();
+    take_run(m, 1);
+  }
+}
+
+TEST_CASE("pool: biased lock: a biased holder inside keeps every other taker out until it leaves")
+{
+  biased_mutex m;
+  std::atomic<bool> inside{false};
+  std::atomic<bool> leave{false};
+  std::atomic<bool> other_in{false};
+  std::thread holder([&] {
+    take_run(m, biased_mutex::k_first_run);  // biased to this thread, where supported
+    m.lock();
+    inside = true;
+    while (!leave.load()) std::this_thread::yield();
+    inside = false;
+    m.unlock();
+  });
+  while (!inside.load()) std::this_thread::yield();
+  CHECK_FALSE(m.try_lock_unbiased());  // held (or biased to the holder)
+  CHECK_FALSE(m.try_lock());           // revokes where biased, but the holder is inside
+  std::thread taker([&] {
+    m.lock();  // sleeps until the holder leaves
+    other_in = true;
+    CHECK_FALSE(inside.load());
+    m.unlock();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds{30});
+  CHECK_FALSE(other_in.load());
+  leave = true;
+  holder.join();
+  taker.join();
+  CHECK(other_in.load());
+  CHECK(m.try_lock());
+  m.unlock();
+}
+
+TEST_CASE("pool: biased lock: four threads in runs and at random keep their counts exact")
+{
+  // Each thread takes the lock in runs (long enough to bias it) or singly, by lock(),
+  // try_lock() or try_lock_unbiased(), and inside bumps plain counters and checks that
+  // nobody else is inside: a broken exclusion loses counts or sees a second holder.
+  constexpr unsigned seed = 20261127;
+  std::printf("biased lock exclusion: seed %u\n", seed);
+  biased_mutex m;
+  std::uint64_t total = 0;         // plain: guarded by m
+  int holders = 0;                 // plain: guarded by m
+  std::atomic<std::uint64_t> taken{0};
+  std::atomic<int> overlaps{0};
+  constexpr int threads_n = 4;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < threads_n; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng{seed + static_cast<unsigned>(t)};
+      std::uint64_t mine = 0;
+      for (int round = 0; round < 60; ++round) {
+        const std::uint32_t run = rng() % 3 == 0 ? 1 : biased_mutex::k_first_run + rng() % 2000;
+        for (std::uint32_t i = 0; i < run; ++i) {
+          const unsigned how = rng() % 16;
+          bool got = true;
+          if (how == 0) {
+            got = m.try_lock();
+          } else if (how == 1) {
+            got = m.try_lock_unbiased();
+          } else {
+            m.lock();
+          }
+          if (!got) continue;
+          if (++holders != 1) overlaps.fetch_add(1);
+          ++total;
+          ++mine;
+          --holders;
+          m.unlock();
+        }
+        if (rng() % 4 == 0) std::this_thread::yield();
+      }
+      taken.fetch_add(mine);
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::lock_guard g{m};
+  CHECK(overlaps.load() == 0);
+  CHECK(total == taken.load());
+  if (biased_mutex::supported()) CHECK(m.revocations() > 0);
+}
