@@ -29,6 +29,12 @@ void relax() noexcept
 #endif
 }
 
+std::int64_t now_ns() noexcept
+{
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 #if defined(__linux__)
 long membarrier(int cmd) noexcept { return syscall(SYS_membarrier, cmd, 0U, 0); }
 #endif
@@ -131,9 +137,8 @@ bool biased_mutex::clear_bias(bool wait) noexcept
   }
   const bool out = wait_out(wait);
   if (revoked) {
-    // A bias that served fewer takes than a barrier costs (~k_paid_off plain takes' saving)
-    // is not made again so soon. (biased_takes_ is the biased holder's until it is out.)
-    need_ = out && biased_takes_ >= k_paid_off ? k_first_run : std::min(need_ * 2, k_max_run);
+    // A bias revoked soon after it was made is not made again so soon.
+    need_ = now_ns() - biased_at_ns_ >= k_paid_off_ns ? k_first_run : std::min(need_ * 2, k_max_run);
   }
   return out;
 }
@@ -164,7 +169,7 @@ void biased_mutex::make_biased() noexcept
     biasable_ = false;
     return;
   }
-  biased_takes_ = 0;
+  biased_at_ns_ = now_ns();
   bias_.store(self(), std::memory_order_relaxed);  // seen by others through state_'s release
 }
 

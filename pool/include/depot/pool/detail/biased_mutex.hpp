@@ -12,9 +12,9 @@ namespace depot::detail {
 // thread, which then takes and gives it back with plain stores and loads: no atomic
 // read-modify-write, no fence (a locked instruction costs ~20 cycles on recent Xeons).
 // Any other taker first revokes the bias: one process-wide barrier (Linux membarrier(2),
-// microseconds), then it waits until the biased holder is out. A revocation that came
-// before the bias paid for itself doubles the run needed to bias again, so a mutex that
-// threads share stays an ordinary one. Without membarrier (other systems, old kernels, a
+// microseconds), then it waits until the biased holder is out. A revocation less than 1 ms
+// after the bias was made doubles the run needed to bias again, so a mutex that threads
+// share stays an ordinary one (at most about one barrier per ms and mutex otherwise). Without membarrier (other systems, old kernels, a
 // seccomp filter) or when built with biasable = false it never biases. Not recursive;
 // lock/unlock/try_lock from any thread; unlock by the thread that took it.
 class biased_mutex {
@@ -62,7 +62,7 @@ class biased_mutex {
 
   static constexpr std::uint32_t k_first_run = 64;        // takes in a row before the first bias
   static constexpr std::uint32_t k_max_run = 1U << 20;    // the most a run is doubled to
-  static constexpr std::uint32_t k_paid_off = 4096;       // biased takes that paid for a revocation
+  static constexpr std::int64_t k_paid_off_ns = 1'000'000;  // a bias that lasted this long paid for its barrier
 
  private:
   static const void* self() noexcept { return &token_; }
@@ -74,7 +74,6 @@ class biased_mutex {
     std::atomic_signal_fence(std::memory_order_seq_cst);
     if (bias_.load(std::memory_order_relaxed) == self()) [[likely]] {
       biased_inside_ = true;
-      ++biased_takes_;
       return true;
     }
     backed_off();
@@ -126,7 +125,7 @@ class biased_mutex {
   const void* last_ = nullptr;   // the last thread that took the shared word
   std::uint32_t run_ = 0;        // its takes in a row
   std::uint32_t need_ = k_first_run;
-  std::uint64_t biased_takes_ = 0;  // since the bias was made
+  std::int64_t biased_at_ns_ = 0;  // when the bias was made (steady clock)
   std::uint64_t revocations_ = 0;
 };
 
