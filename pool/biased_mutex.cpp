@@ -138,7 +138,7 @@ bool biased_mutex::clear_bias(bool wait) noexcept
   const bool out = wait_out(wait);
   if (revoked) {
     // A bias revoked soon after it was made is not made again so soon.
-    need_ = now_ns() - biased_at_ns_ >= k_paid_off_ns ? k_first_run : std::min(need_ * 2, k_max_run);
+    need_ = now_ns() - biased_at_ns_ >= paid_off_ns_ ? k_first_run : std::min(need_ * 2, k_max_run);
   }
   return out;
 }

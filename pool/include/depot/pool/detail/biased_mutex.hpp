@@ -19,7 +19,11 @@ namespace depot::detail {
 // lock/unlock/try_lock from any thread; unlock by the thread that took it.
 class biased_mutex {
  public:
-  explicit biased_mutex(bool biasable = true) noexcept : biasable_{biasable} {}
+  // paid_off_ns: how long a bias must last for its revocation not to double the next run.
+  explicit biased_mutex(bool biasable = true, std::int64_t paid_off_ns = k_paid_off_ns) noexcept
+      : biasable_{biasable}, paid_off_ns_{paid_off_ns}
+  {
+  }
   biased_mutex(const biased_mutex&) = delete;
   biased_mutex& operator=(const biased_mutex&) = delete;
 
@@ -125,6 +129,7 @@ class biased_mutex {
   const void* last_ = nullptr;   // the last thread that took the shared word
   std::uint32_t run_ = 0;        // its takes in a row
   std::uint32_t need_ = k_first_run;
+  std::int64_t paid_off_ns_;
   std::int64_t biased_at_ns_ = 0;  // when the bias was made (steady clock)
   std::uint64_t revocations_ = 0;
 };
