@@ -19,7 +19,8 @@
 // when a figure drifts by more than stats_batch (unless no other cache published since:
 // one thread alone keeps them, unchecked until published) or after 256 operations (at
 // once when segments change or the thread moves to another cache; another cache's
-// publishing operations publish a cache that kept its drift when its lock is free); the
+// publishing operations publish a cache that kept its drift when its lock is free and not
+// biased to its thread, which else publishes it within its 256 operations); the
 // highs a cache keeps for the peaks start each window at the peaks' headroom over the
 // shared figures, so they rise (an unpredictable branch) only where a peak could move;
 // stats() and snapshot() take every cache lock and stats() publishes
@@ -951,8 +952,9 @@ struct shared_stats {
 
   // At the end of an operation that made a delta due, or the first since it was published
   // (caller holds that cache's lock). First another cache's delta kept past its batch is
-  // published (when its lock is free: else its own thread is in an operation and settles
-  // at its end), so a cache that ran alone does not keep its drift from the peaks the
+  // published (when its lock is free and not biased to another thread: else its own
+  // thread is in an operation and settles at its end, or publishes within its 256
+  // operations; a revocation here would cost a barrier per operation), so a cache that ran alone does not keep its drift from the peaks the
   // others take in. Then this one is published, unless it is due only because a figure
   // drifted, no other delta was published since it was and stats_batch is not 0 (exact
   // peaks asked for): then it is kept, and marked.

@@ -56,11 +56,11 @@ struct allocator_config {
   // statistics before the cache publishes its changes (also after 256 operations, at once
   // on segment changes; a cache that was the last to publish keeps drifting, unchecked,
   // until another cache's operation that publishes, or its first one since publishing,
-  // publishes the kept one while its lock is free). stats() is always
+  // publishes the kept one while its lock is free and not biased to its thread). stats() is always
   // exact, and so are peaks while one thread allocates (on any streams); with threads on
   // several streams at once a peak may be off by this much per other stream, or by up to
   // 256 operations' changes of a cache that ran alone when another's first operation
-  // finds it locked (0: publish every operation, exact peaks, one shared write per
+  // finds it locked or biased (0: publish every operation, exact peaks, one shared write per
   // operation). Key stats_batch (bytes, with suffixes, at most 1TiB). Default 16 MiB.
   std::size_t stats_batch = std::size_t{16} << 20;
   // Large-pool memory of each stream comes from one expandable segment: a range of
