@@ -8,7 +8,11 @@
 // sizes uniform in [1, max]; seeded std::default_random_engine, drawn into a sequence of
 // steps before the clock starts. Wall time of the whole sequence over N = time per
 // allocate+free pair: one warm-up run, then the median of --alloc-reps timed runs (each
-// run creates its streams anew, as short-lived code does, before its clock starts).
+// run creates its streams anew, as short-lived code does, before its clock starts). Thread t
+// of every run and allocator is pinned to one CPU (the t-th from the end of the process's
+// allowed set; --alloc-no-pin: not): on the GPU hosts' virtual machines a run's speed
+// depended on the CPU its new thread landed on (two modes ~40 % apart across runs), which
+// moved medians by tens of percent between runs.
 #include "bench_result.hpp"
 
 #include <depot/config.hpp>
@@ -29,6 +33,11 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
 
 namespace depot::bench {
 
@@ -91,6 +100,42 @@ std::vector<workload_step> make_workload(std::size_t n, std::size_t max_size, st
     }
   }
   return steps;
+}
+
+// The CPU for benchmark thread t (its pinning), or -1 where there is none.
+int cpu_for_thread(std::size_t t)
+{
+#if defined(__linux__)
+  static const std::vector<int> allowed = [] {
+    std::vector<int> v;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+      for (int c = 0; c < CPU_SETSIZE; ++c) {
+        if (CPU_ISSET(c, &set)) v.push_back(c);
+      }
+    }
+    return v;
+  }();
+  if (allowed.empty()) return -1;
+  return allowed[allowed.size() - 1 - t % allowed.size()];
+#else
+  (void)t;
+  return -1;
+#endif
+}
+
+void pin_this_thread(int cpu)
+{
+#if defined(__linux__)
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);  // refused: runs unpinned
+#else
+  (void)cpu;
+#endif
 }
 
 // One run of the steps (the timed part).
@@ -173,11 +218,11 @@ template <device D>
 void alloc_device(const options& opts, int device, nlohmann::json& rows)
 {
   const std::size_t cap = opts.live_cap;
-  std::printf("\n%s:%d  random_allocations, seed %u, live bytes capped at %s, %d thread(s), "
+  std::printf("\n%s:%d  random_allocations, seed %u, live bytes capped at %s, %d thread(s)%s, "
               "%d stream(s) each; us per allocate+free pair (median of %d warm runs), ratio = "
               "allocator / depot\n",
               std::string{D::name}.c_str(), device, opts.seed, std::to_string(cap >> 20).append(" MiB").c_str(),
-              opts.threads, opts.alloc_streams, opts.alloc_reps);
+              opts.threads, opts.alloc_pin ? " (pinned)" : "", opts.alloc_streams, opts.alloc_reps);
   std::printf("  %8s %9s", "N", "max");
   std::unique_ptr<caching_allocator<D>> depot_pool;
   auto allocators = allocators_for<D>(device, cap, depot_pool, opts.trace_out.empty() ? 0 : std::size_t{1} << 20);
@@ -236,6 +281,7 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
           std::atomic<bool> go{false};
           for (std::size_t t = 0; t < threads_n; ++t) {
             threads.emplace_back([&, t] {
+              if (opts.alloc_pin) pin_this_thread(cpu_for_thread(t));
               std::vector<stream<D>> own;
               own.reserve(streams_n);
               std::vector<native_stream> handles;
@@ -252,6 +298,8 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
           for (auto& th : threads) th.join();
           if (rep > 0) runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
+        std::vector<double> run_us;  // each timed run, µs per pair
+        for (const double r : runs) run_us.push_back(r * 1e6 / static_cast<double>(n));
         const double seconds = median(runs);
         const double us = seconds * 1e6 / static_cast<double>(n);
         if (a.name == "depot") depot_us = us;
@@ -266,6 +314,8 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
                         {"us_per_pair", us},
                         {"workload_us_per_pair", floor_us},
                         {"runs", opts.alloc_reps},
+                        {"run_us_per_pair", run_us},
+                        {"pinned", opts.alloc_pin},
                         {"ratio_to_depot", us / depot_us}});
       }
       std::printf("\n");

@@ -25,6 +25,7 @@ struct options {
   int threads = 1;
   int alloc_streams = 1;  // alloc: streams each thread alternates between (round robin)
   int alloc_reps = 3;  // timed runs after one warm-up; the median is reported
+  bool alloc_pin = true;  // alloc: pin benchmark thread t to a fixed CPU (the same for every allocator)
   unsigned seed = 1;
   std::vector<std::string> alloc_only;  // allocator names to run (empty: all)
   std::string trace_out;  // alloc: write the depot allocator's trace (depot.trace.v1) here

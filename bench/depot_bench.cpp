@@ -104,6 +104,9 @@ int main(int argc, char** argv)
   app.add_option("--alloc-reps", opts.alloc_reps, "alloc: timed runs after a warm-up (median reported)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  app.add_flag("!--alloc-no-pin", opts.alloc_pin,
+               "alloc: leave the benchmark threads unpinned (by default thread t runs on one fixed CPU, "
+               "the same for every allocator and run)");
   app.add_option("--alloc-only", opts.alloc_only,
                  "alloc: run only these allocators (depot, malloc, cudaMalloc, cudaMallocAsync, "
                  "hipMalloc, hipMallocAsync, torch); depot always runs, as the reference");
