@@ -609,7 +609,7 @@ class spin_lock {
       // A holder preempted by the kernel: after a while, let it run.
       for (unsigned n = 0; held_.load(std::memory_order_relaxed); ++n) {
         if (n < 256) {
-          relax();
+          biased_mutex::relax();
         } else {
           std::this_thread::yield();
         }
@@ -617,15 +617,6 @@ class spin_lock {
     }
   }
   void unlock() noexcept { held_.store(false, std::memory_order_release); }
-
-  static void relax() noexcept
-  {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#else
-    std::this_thread::yield();
-#endif
-  }
 
  private:
   std::atomic<bool> held_{false};

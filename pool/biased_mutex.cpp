@@ -20,15 +20,6 @@ namespace depot::detail {
 
 namespace {
 
-void relax() noexcept
-{
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-
 std::int64_t now_ns() noexcept
 {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -60,6 +51,15 @@ void heavy_fence() noexcept
 
 }  // namespace
 
+void biased_mutex::relax() noexcept
+{
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
 bool biased_mutex::supported() noexcept
 {
 #if defined(__linux__)
@@ -81,9 +81,7 @@ bool biased_mutex::try_lock_impl(bool may_revoke) noexcept
   if (!state_.compare_exchange_strong(expected, 1, std::memory_order_acquire)) return false;
   if (bias_.load(std::memory_order_relaxed) != nullptr || busy_.load(std::memory_order_acquire) != 0) {
     if ((!may_revoke && bias_.load(std::memory_order_relaxed) != nullptr) || !clear_bias(false)) {
-      // the shared word back (not unlock(): biased_inside_ is the biased holder's now)
-      state_.store(0, std::memory_order_release);
-      if (sleepers_.load(std::memory_order_relaxed) != 0) wake(state_);
+      release_word();  // not unlock(): biased_inside_ is the biased holder's now
       return false;
     }
   }

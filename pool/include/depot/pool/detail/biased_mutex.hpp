@@ -14,9 +14,10 @@ namespace depot::detail {
 // Any other taker first revokes the bias: one process-wide barrier (Linux membarrier(2),
 // microseconds), then it waits until the biased holder is out. A revocation less than 1 ms
 // after the bias was made doubles the run needed to bias again, so a mutex that threads
-// share stays an ordinary one (at most about one barrier per ms and mutex otherwise). Without membarrier (other systems, old kernels, a
-// seccomp filter) or when built with biasable = false it never biases. Not recursive;
-// lock/unlock/try_lock from any thread; unlock by the thread that took it.
+// share stays an ordinary one (at most about one barrier per ms and mutex otherwise).
+// Without membarrier (other systems, old kernels, a seccomp filter) or when built with
+// biasable = false it never biases. Not recursive; lock/unlock/try_lock from any thread;
+// unlock by the thread that took it.
 class biased_mutex {
  public:
   // paid_off_ns: how long a bias must last for its revocation not to double the next run.
@@ -51,10 +52,7 @@ class biased_mutex {
       }
       return;
     }
-    state_.store(0, std::memory_order_release);
-    if (sleepers_.load(std::memory_order_relaxed) != 0) [[unlikely]] {
-      wake(state_);
-    }
+    release_word();
   }
 
   // Whether it is biased to the calling thread (a racy read, for tests and figures).
@@ -63,6 +61,8 @@ class biased_mutex {
   [[nodiscard]] std::uint64_t revocations() const noexcept { return revocations_; }
   // Whether this process can bias at all (membarrier available; registers on first call).
   static bool supported() noexcept;
+  // A spinning waiter's pause (x86 `pause`, else a yield).
+  static void relax() noexcept;
 
   static constexpr std::uint32_t k_first_run = 64;        // takes in a row before the first bias
   static constexpr std::uint32_t k_max_run = 1U << 20;    // the most a run is doubled to
@@ -103,6 +103,14 @@ class biased_mutex {
     } else {
       last_ = self();
       run_ = 1;
+    }
+  }
+  // Gives back the shared word, waking a sleeper if there is one.
+  void release_word() noexcept
+  {
+    state_.store(0, std::memory_order_release);
+    if (sleepers_.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+      wake(state_);
     }
   }
   bool try_lock_impl(bool may_revoke) noexcept;
