@@ -2655,10 +2655,16 @@ struct allocator_core::impl {
     return t.owner == id ? t.cache : nullptr;
   }
 
+  // Every cache's lock, in registry order, with one barrier for all the biases revoked
+  // (a lock each paid one: ~1 us per cache biased to another thread).
   void lock_all(std::vector<std::unique_lock<cache_mutex>>& locks) const
   {
+    std::vector<cache_mutex*> all;  // allocated before any lock is taken
+    all.reserve(caches.size());
     locks.reserve(caches.size());
-    for (const auto& c : caches) locks.emplace_back(c->mu);
+    for (const auto& c : caches) all.push_back(&c->mu);
+    cache_mutex::lock_many(all.data(), all.size());
+    for (cache_mutex* mu : all) locks.emplace_back(*mu, std::adopt_lock);
   }
 
   memory_stats stats_locked() const

@@ -30,10 +30,13 @@ std::int64_t now_ns() noexcept
 long membarrier(int cmd) noexcept { return syscall(SYS_membarrier, cmd, 0U, 0); }
 #endif
 
+std::atomic<std::uint64_t> barriers_issued{0};
+
 // A full memory barrier on every running thread of this process (the revoker's side of
 // the biased entry's Dekker pairing).
 void heavy_fence() noexcept
 {
+  barriers_issued.fetch_add(1, std::memory_order_relaxed);
 #if defined(__linux__)
   if (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) return;
   // Registration is per address space: a child of fork() may need it again.
@@ -72,6 +75,35 @@ bool biased_mutex::supported() noexcept
 #else
   return false;
 #endif
+}
+
+std::uint64_t biased_mutex::barriers() noexcept { return barriers_issued.load(std::memory_order_relaxed); }
+
+// Each shared word in order (each bias dropped as its word is taken, the barrier not yet
+// issued: the biased thread may still enter meanwhile, which the wait below covers as it
+// covers a holder that entered before a lone revocation); then one barrier; then each
+// mutex waits for a biased holder inside to leave, as taken() does.
+void biased_mutex::lock_many(biased_mutex* const* ms, std::size_t n) noexcept
+{
+  bool fence = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    biased_mutex& m = *ms[i];
+    if (m.bias_.load(std::memory_order_relaxed) == self() && m.enter_biased()) continue;
+    int expected = 0;
+    if (!m.state_.compare_exchange_strong(expected, 1, std::memory_order_acquire)) m.lock_slow();
+    const bool dropped = m.drop_bias();
+    m.many_ = dropped ? 2 : 1;
+    fence = fence || dropped;
+  }
+  if (fence) heavy_fence();
+  for (std::size_t i = 0; i < n; ++i) {
+    biased_mutex& m = *ms[i];
+    if (m.many_ == 0) continue;  // entered biased above
+    if (m.many_ == 2) m.note_revoked();
+    m.many_ = 0;
+    m.wait_out(true);
+    m.count_run();
+  }
 }
 
 bool biased_mutex::try_lock_impl(bool may_revoke) noexcept
@@ -124,21 +156,30 @@ void biased_mutex::lock_slow() noexcept
 // returns false (!wait: the bias is gone all the same).
 bool biased_mutex::clear_bias(bool wait) noexcept
 {
-  bool revoked = false;
-  if (bias_.load(std::memory_order_relaxed) != nullptr) {
-    bias_.store(nullptr, std::memory_order_relaxed);
+  if (drop_bias()) {
     heavy_fence();
-    ++revocations_;
-    last_ = nullptr;
-    run_ = 0;
-    revoked = true;
+    note_revoked();
   }
-  const bool out = wait_out(wait);
-  if (revoked) {
-    // A bias revoked soon after it was made is not made again so soon.
-    need_ = now_ns() - biased_at_ns_ >= paid_off_ns_ ? k_first_run : std::min(need_ * 2, k_max_run);
-  }
-  return out;
+  return wait_out(wait);
+}
+
+// Caller holds the shared word: the bias goes, its barrier still to be issued; whether
+// there was one.
+bool biased_mutex::drop_bias() noexcept
+{
+  if (bias_.load(std::memory_order_relaxed) == nullptr) return false;
+  bias_.store(nullptr, std::memory_order_relaxed);
+  return true;
+}
+
+// After the barrier for a dropped bias (caller holds the shared word).
+void biased_mutex::note_revoked() noexcept
+{
+  ++revocations_;
+  last_ = nullptr;
+  run_ = 0;
+  // A bias revoked soon after it was made is not made again so soon.
+  need_ = now_ns() - biased_at_ns_ >= paid_off_ns_ ? k_first_run : std::min(need_ * 2, k_max_run);
 }
 
 // Whether the biased holder is out: at once (!wait), or once it is (wait).

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -177,4 +178,80 @@ TEST_CASE("pool: biased lock: four threads in runs and at random keep their coun
   CHECK(overlaps.load() == 0);
   CHECK(total == taken.load());
   if (biased_mutex::supported()) CHECK(m.revocations() > 0);
+}
+
+TEST_CASE("pool: biased lock: lock_many takes every lock with one barrier for all the biases it revokes")
+{
+  const bool supported = biased_mutex::supported();
+  constexpr std::int64_t hour_ns = std::int64_t{3600} * 1'000'000'000;
+  std::vector<std::unique_ptr<biased_mutex>> own;
+  for (int i = 0; i < 5; ++i) own.push_back(std::make_unique<biased_mutex>(true, hour_ns));
+  std::vector<biased_mutex*> all;
+  for (auto& m : own) all.push_back(m.get());
+  biased_mutex& mine = *all[4];  // biased to this thread; 0-3 to the other one
+  take_run(mine, biased_mutex::k_first_run);
+  std::atomic<bool> ready{false};   // the other thread has biased 0-3 (and is inside 1, if asked)
+  std::atomic<bool> leave{false};
+  std::atomic<bool> inside{false};
+  bool stay_inside = false;
+  SUBCASE("the biased thread outside every lock") {}
+  SUBCASE("the biased thread inside one of them: lock_many waits until it leaves") { stay_inside = true; }
+  std::thread other([&] {
+    for (int i = 0; i < 4; ++i) take_run(*all[static_cast<std::size_t>(i)], biased_mutex::k_first_run);
+    if (stay_inside) {
+      all[1]->lock();
+      inside = true;
+    }
+    ready = true;
+    while (!leave.load()) std::this_thread::yield();
+    if (stay_inside) {
+      inside = false;
+      all[1]->unlock();
+    }
+  });
+  while (!ready.load()) std::this_thread::yield();
+  CHECK(mine.biased_to_me() == supported);
+  const std::uint64_t before = biased_mutex::barriers();
+  std::atomic<bool> taken{false};
+  bool inside_when_taken = true;
+  std::thread reader([&] {
+    biased_mutex::lock_many(all.data(), all.size());
+    inside_when_taken = inside.load();
+    taken = true;
+  });
+  if (stay_inside) {
+    std::this_thread::sleep_for(std::chrono::milliseconds{30});
+    CHECK_FALSE(taken.load());  // the biased holder is still inside 1
+  }
+  leave = true;
+  reader.join();
+  other.join();
+  CHECK(taken.load());
+  CHECK_FALSE(inside_when_taken);
+  // 0-3 revoked by one barrier, 4 (biased to this thread, not the reader) too
+  CHECK(biased_mutex::barriers() - before == (supported ? 1U : 0U));
+  for (biased_mutex* m : all) {
+    CHECK(m->revocations() == (supported ? 1U : 0U));  // the reader still holds them all
+    CHECK_FALSE(m->biased_to_me());
+  }
+  // held: no other taker gets in until each is given back (by this thread: the reader
+  // has ended; a lock is not tied to its taker's thread once taken by the shared word)
+  std::thread([&] {
+    for (biased_mutex* m : all) CHECK_FALSE(m->try_lock());
+  }).join();
+  for (biased_mutex* m : all) m->unlock();
+  for (biased_mutex* m : all) {
+    CHECK(m->try_lock());
+    m->unlock();
+  }
+  // lock_many on locks biased to the caller enters them biased: no barrier
+  for (biased_mutex* m : all) take_run(*m, 2 * biased_mutex::k_first_run);
+  const std::uint64_t before_own = biased_mutex::barriers();
+  biased_mutex::lock_many(all.data(), all.size());
+  CHECK(biased_mutex::barriers() == before_own);
+  std::thread([&] {
+    for (biased_mutex* m : all) CHECK_FALSE(m->try_lock_unbiased());
+  }).join();
+  for (biased_mutex* m : all) m->unlock();
+  for (biased_mutex* m : all) CHECK(m->biased_to_me() == supported);
 }

@@ -77,8 +77,9 @@ struct allocator_config {
   // an unbiased take is an atomic compare-exchange (lock+unlock 2-4 ns biased, 8-10 ns
   // not, on the H200 hosts' Xeons: ~12 ns of a 0.1-0.2 us allocate+free pair). Another
   // thread's take revokes the bias with one
-  // process-wide barrier (membarrier(2), a few microseconds). Linux only (never biased
-  // elsewhere or where membarrier is refused). Key biased_locks (true / false).
+  // process-wide barrier (membarrier(2), a few microseconds; stats() and snapshot() pay one
+  // for all the caches they revoke). Linux only (never biased elsewhere or where
+  // membarrier is refused). Key biased_locks (true / false).
   bool biased_locks = true;
 
   // Parses "key:value,..." on top of the defaults (a key given twice: the last wins; both

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 namespace depot::detail {
@@ -28,7 +29,7 @@ class biased_mutex {
   biased_mutex(const biased_mutex&) = delete;
   biased_mutex& operator=(const biased_mutex&) = delete;
 
-  void lock() noexcept
+  [[gnu::always_inline]] void lock() noexcept
   {
     if (bias_.load(std::memory_order_relaxed) == self() && enter_biased()) [[likely]] {
       return;
@@ -42,7 +43,7 @@ class biased_mutex {
   bool try_lock() noexcept { return try_lock_impl(true); }
   // Takes it if free and not biased to another thread (never a barrier).
   bool try_lock_unbiased() noexcept { return try_lock_impl(false); }
-  void unlock() noexcept
+  [[gnu::always_inline]] void unlock() noexcept
   {
     if (biased_inside_) {
       biased_inside_ = false;
@@ -54,6 +55,14 @@ class biased_mutex {
     }
     release_word();
   }
+
+  // Takes every mutex of ms[0, n) in that order, as lock() would one by one, but with one
+  // barrier for all the biases it revokes where lock() pays one each (a reader of every
+  // stream cache: stats(), snapshot()). Not to be mixed with other locks held by the caller
+  // in another order (as any lock order).
+  static void lock_many(biased_mutex* const* ms, std::size_t n) noexcept;
+  // Barriers issued so far by every biased_mutex of the process (for tests and figures).
+  [[nodiscard]] static std::uint64_t barriers() noexcept;
 
   // Whether it is biased to the calling thread (a racy read, for tests and figures).
   [[nodiscard]] bool biased_to_me() const noexcept { return bias_.load(std::memory_order_relaxed) == self(); }
@@ -117,6 +126,8 @@ class biased_mutex {
   [[gnu::noinline]] void backed_off() noexcept;
   [[gnu::noinline]] void lock_slow() noexcept;
   [[gnu::noinline]] bool clear_bias(bool wait) noexcept;
+  bool drop_bias() noexcept;
+  void note_revoked() noexcept;
   bool wait_out(bool wait) noexcept;
   [[gnu::noinline]] void make_biased() noexcept;
   static void sleep_while(std::atomic<int>& word, int value) noexcept;
@@ -133,6 +144,9 @@ class biased_mutex {
   std::atomic<int> busy_sleepers_{0};       // a revoker waiting on busy_
   // Under the lock:
   bool biased_inside_ = false;   // the holder entered biased
+  // lock_many between its passes (written by the holder only): 1 took the shared word,
+  // 2 took it and dropped the bias (its barrier still to come); 0 otherwise.
+  std::uint8_t many_ = 0;
   bool biasable_;
   const void* last_ = nullptr;   // the last thread that took the shared word
   std::uint32_t run_ = 0;        // its takes in a row
