@@ -523,6 +523,61 @@ void alloc_lock(nlohmann::json& out)
   out = {{"biased_ns", b}, {"compare_exchange_ns", p}, {"biased", on}};
 }
 
+// What a reader of every cache pays beside a busy thread: one thread allocates and frees
+// 4 KiB-ish blocks round-robin on 8 streams (8 caches, biased to it where the locks bias)
+// while this thread calls stats() (every cache lock) every 5 ms; biased locks against
+// biased_locks:false. Medians of 150 calls, the barriers issued per call, and the worker's
+// ns per pair over the same time (host backend: the locks are the same on every backend).
+void alloc_reader(nlohmann::json& out)
+{
+  out = nlohmann::json::array();
+  std::printf("stats() beside a thread working on 8 streams, every 5 ms, median of 150 calls:");
+  for (const bool biased : {true, false}) {
+    allocator_config cfg;
+    cfg.biased_locks = biased;
+    caching_allocator<host> a{0, cfg};
+    std::atomic<bool> started{false};
+    std::atomic<bool> stop{false};
+    std::atomic<std::int64_t> pairs{0};  // so far (a plain store per 8 pairs)
+    std::thread worker([&] {
+      std::vector<stream<host>> streams(8);
+      std::int64_t n = 0;
+      while (!stop.load(std::memory_order_relaxed)) {
+        for (auto& st : streams) {
+          const stream_ref<host> r{st.native()};
+          a.deallocate(a.allocate(4096 + static_cast<std::size_t>(n % 7) * 512, r), r);
+          ++n;
+        }
+        pairs.store(n, std::memory_order_relaxed);
+        if (n == 8 * 1000) started = true;  // every lock biased by now, where they bias
+      }
+    });
+    while (!started.load()) std::this_thread::yield();
+    std::vector<double> us;
+    const std::uint64_t barriers0 = detail::biased_mutex::barriers();
+    const std::int64_t pairs0 = pairs.load();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 150; ++i) {
+      const auto c0 = std::chrono::steady_clock::now();
+      const memory_stats st = a.stats();
+      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - c0).count());
+      if (st.num_allocations.all.current < 0) std::printf("?");  // (keeps the call)
+      std::this_thread::sleep_for(std::chrono::milliseconds{5});
+    }
+    const std::uint64_t barriers = detail::biased_mutex::barriers() - barriers0;
+    const double elapsed_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    const std::int64_t done = pairs.load() - pairs0;
+    stop = true;
+    worker.join();
+    const double med = median(us);
+    const double per_pair = elapsed_ns / static_cast<double>(std::max<std::int64_t>(done, 1));
+    std::printf(" %s %.1f us (%.2f barriers per call, worker %.0f ns per pair)%s", biased ? "biased" : "unbiased",
+                med, static_cast<double>(barriers) / 150.0, per_pair, biased ? "," : "\n");
+    out.push_back({{"biased_locks", biased}, {"stats_us_median", med}, {"barriers_per_call", static_cast<double>(barriers) / 150.0},
+                   {"worker_ns_per_pair", per_pair}});
+  }
+}
+
 }  // namespace
 
 nlohmann::json run_alloc(const options& opts)
@@ -548,8 +603,10 @@ nlohmann::json run_alloc(const options& opts)
 #endif
   nlohmann::json lock;
   alloc_lock(lock);
+  nlohmann::json reader;
+  alloc_reader(reader);
   return nlohmann::json{{"suite", "alloc"}, {"seed", opts.seed}, {"rows", rows}, {"growing", growing}, {"map_pages", maps},
-                        {"hole_misses", hole_misses}, {"cache_lock", lock}};
+                        {"hole_misses", hole_misses}, {"cache_lock", lock}, {"stats_reader", reader}};
 }
 
 }  // namespace depot::bench
