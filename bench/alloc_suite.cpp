@@ -219,7 +219,8 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
 {
   const std::size_t cap = opts.live_cap;
   std::printf("\n%s:%d  random_allocations, seed %u, live bytes capped at %s, %d thread(s)%s, "
-              "%d stream(s) each; us per allocate+free pair (median of %d warm runs), ratio = "
+              "%d stream(s) each; us per allocate+free pair (median of %d warm runs, the allocators' runs "
+              "interleaved), ratio = "
               "allocator / depot\n",
               std::string{D::name}.c_str(), device, opts.seed, std::to_string(cap >> 20).append(" MiB").c_str(),
               opts.threads, opts.alloc_pin ? " (pinned)" : "", opts.alloc_streams, opts.alloc_reps);
@@ -270,34 +271,47 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
         floor_us = median(runs) * 1e6 / static_cast<double>(n / threads_n);
         std::printf(" %9.3f", floor_us);
       }
+      // One run of allocator a: each thread makes its streams (anew each run, as
+      // short-lived code does), then waits for the others; the clock runs from the start
+      // signal to the last join. Seconds.
+      const auto run_once = [&](const allocator_under_test& a) {
+        std::vector<std::thread> threads;
+        std::atomic<int> ready{0};
+        std::atomic<bool> go{false};
+        for (std::size_t t = 0; t < threads_n; ++t) {
+          threads.emplace_back([&, t] {
+            if (opts.alloc_pin) pin_this_thread(cpu_for_thread(t));
+            std::vector<stream<D>> own;
+            own.reserve(streams_n);
+            std::vector<native_stream> handles;
+            for (std::size_t k = 0; k < streams_n; ++k) handles.push_back(own.emplace_back(device).native());
+            ready.fetch_add(1);
+            while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+            run_workload(a, steps[t], handles);
+            for (auto& s : own) s.synchronize();
+          });
+        }
+        while (ready.load() < opts.threads) std::this_thread::yield();
+        const auto t0 = std::chrono::steady_clock::now();
+        go.store(true, std::memory_order_release);
+        for (auto& th : threads) th.join();
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      };
+      // Every allocator reset and warmed (run 0, untimed), then the timed runs in rounds,
+      // each round one run of every allocator in turn: a host whose speed drifts over the
+      // seconds of a row (these hosts' do, ±40 % between runs) moves every allocator's
+      // runs alike, so the ratios compare the same conditions.
+      std::vector<std::vector<double>> all_runs(allocators.size());
       for (const auto& a : allocators) {
         a.reset();
-        std::vector<double> runs;
-        for (int rep = 0; rep <= opts.alloc_reps; ++rep) {  // run 0 warms the cache, untimed
-          // Each thread makes its streams (anew each run, as short-lived code does), then
-          // waits for the others; the clock runs from the start signal to the last join.
-          std::vector<std::thread> threads;
-          std::atomic<int> ready{0};
-          std::atomic<bool> go{false};
-          for (std::size_t t = 0; t < threads_n; ++t) {
-            threads.emplace_back([&, t] {
-              if (opts.alloc_pin) pin_this_thread(cpu_for_thread(t));
-              std::vector<stream<D>> own;
-              own.reserve(streams_n);
-              std::vector<native_stream> handles;
-              for (std::size_t k = 0; k < streams_n; ++k) handles.push_back(own.emplace_back(device).native());
-              ready.fetch_add(1);
-              while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-              run_workload(a, steps[t], handles);
-              for (auto& s : own) s.synchronize();
-            });
-          }
-          while (ready.load() < opts.threads) std::this_thread::yield();
-          const auto t0 = std::chrono::steady_clock::now();
-          go.store(true, std::memory_order_release);
-          for (auto& th : threads) th.join();
-          if (rep > 0) runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-        }
+        run_once(a);
+      }
+      for (int rep = 0; rep < opts.alloc_reps; ++rep) {
+        for (std::size_t k = 0; k < allocators.size(); ++k) all_runs[k].push_back(run_once(allocators[k]));
+      }
+      for (std::size_t k = 0; k < allocators.size(); ++k) {
+        const allocator_under_test& a = allocators[k];
+        const std::vector<double>& runs = all_runs[k];
         std::vector<double> run_us;  // each timed run, µs per pair
         for (const double r : runs) run_us.push_back(r * 1e6 / static_cast<double>(n));
         const double seconds = median(runs);
@@ -314,7 +328,8 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
                         {"us_per_pair", us},
                         {"workload_us_per_pair", floor_us},
                         {"runs", opts.alloc_reps},
-                        {"run_us_per_pair", run_us},
+                        {"run_us_per_pair", run_us},  // round r of every allocator ran together
+                        {"interleaved", true},
                         {"pinned", opts.alloc_pin},
                         {"ratio_to_depot", us / depot_us}});
       }
