@@ -2656,7 +2656,8 @@ struct allocator_core::impl {
   }
 
   // Every cache's lock, in registry order, with one barrier for all the biases revoked
-  // (a lock each paid one: ~1 us per cache biased to another thread).
+  // (a lock each paid one per cache biased to another thread: 2-13 us each on the hosts
+  // measured, BENCHMARKS.md).
   void lock_all(std::vector<std::unique_lock<cache_mutex>>& locks) const
   {
     std::vector<cache_mutex*> all;  // allocated before any lock is taken
