@@ -545,8 +545,9 @@ void alloc_lock(nlohmann::json& out)
 // ns per pair over the same time (host backend: the locks are the same on every backend).
 void alloc_reader(nlohmann::json& out)
 {
+  constexpr int calls = 150;
   out = nlohmann::json::array();
-  std::printf("stats() beside a thread working on 8 streams, every 5 ms, median of 150 calls:");
+  std::printf("stats() beside a thread working on 8 streams, every 5 ms, median of %d calls:", calls);
   for (const bool biased : {true, false}) {
     allocator_config cfg;
     cfg.biased_locks = biased;
@@ -572,7 +573,7 @@ void alloc_reader(nlohmann::json& out)
     const std::uint64_t barriers0 = detail::biased_mutex::barriers();
     const std::int64_t pairs0 = pairs.load();
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 150; ++i) {
+    for (int i = 0; i < calls; ++i) {
       const auto c0 = std::chrono::steady_clock::now();
       const memory_stats st = a.stats();
       us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - c0).count());
@@ -586,9 +587,10 @@ void alloc_reader(nlohmann::json& out)
     worker.join();
     const double med = median(us);
     const double per_pair = elapsed_ns / static_cast<double>(std::max<std::int64_t>(done, 1));
+    const double per_call = static_cast<double>(barriers) / calls;
     std::printf(" %s %.1f us (%.2f barriers per call, worker %.0f ns per pair)%s", biased ? "biased" : "unbiased",
-                med, static_cast<double>(barriers) / 150.0, per_pair, biased ? "," : "\n");
-    out.push_back({{"biased_locks", biased}, {"stats_us_median", med}, {"barriers_per_call", static_cast<double>(barriers) / 150.0},
+                med, per_call, per_pair, biased ? "," : "\n");
+    out.push_back({{"biased_locks", biased}, {"stats_us_median", med}, {"barriers_per_call", per_call},
                    {"worker_ns_per_pair", per_pair}});
   }
 }

@@ -89,8 +89,7 @@ void biased_mutex::lock_many(biased_mutex* const* ms, std::size_t n) noexcept
   for (std::size_t i = 0; i < n; ++i) {
     biased_mutex& m = *ms[i];
     if (m.bias_.load(std::memory_order_relaxed) == self() && m.enter_biased()) continue;
-    int expected = 0;
-    if (!m.state_.compare_exchange_strong(expected, 1, std::memory_order_acquire)) m.lock_slow();
+    m.take_word();
     const bool dropped = m.drop_bias();
     m.many_ = dropped ? 2 : 1;
     fence = fence || dropped;

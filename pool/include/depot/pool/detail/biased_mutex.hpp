@@ -34,8 +34,7 @@ class biased_mutex {
     if (bias_.load(std::memory_order_relaxed) == self() && enter_biased()) [[likely]] {
       return;
     }
-    int expected = 0;
-    if (!state_.compare_exchange_strong(expected, 1, std::memory_order_acquire)) lock_slow();
+    take_word();
     taken();
   }
   // Takes it if free; revokes another thread's bias (a barrier, no wait): fails if that
@@ -113,6 +112,12 @@ class biased_mutex {
       last_ = self();
       run_ = 1;
     }
+  }
+  // Takes the shared word: at once when free, else waiting in lock_slow().
+  [[gnu::always_inline]] void take_word() noexcept
+  {
+    int expected = 0;
+    if (!state_.compare_exchange_strong(expected, 1, std::memory_order_acquire)) lock_slow();
   }
   // Gives back the shared word, waking a sleeper if there is one.
   void release_word() noexcept
