@@ -88,7 +88,7 @@ void biased_mutex::lock_many(biased_mutex* const* ms, std::size_t n) noexcept
   bool fence = false;
   for (std::size_t i = 0; i < n; ++i) {
     biased_mutex& m = *ms[i];
-    if (m.bias_.load(std::memory_order_relaxed) == self() && m.enter_biased()) continue;
+    if (m.enter_if_biased()) continue;
     m.take_word();
     const bool dropped = m.drop_bias();
     m.many_ = dropped ? 2 : 1;
@@ -107,7 +107,7 @@ void biased_mutex::lock_many(biased_mutex* const* ms, std::size_t n) noexcept
 
 bool biased_mutex::try_lock_impl(bool may_revoke) noexcept
 {
-  if (bias_.load(std::memory_order_relaxed) == self() && enter_biased()) return true;
+  if (enter_if_biased()) return true;
   int expected = 0;
   if (!state_.compare_exchange_strong(expected, 1, std::memory_order_acquire)) return false;
   if (bias_.load(std::memory_order_relaxed) != nullptr || busy_.load(std::memory_order_acquire) != 0) {

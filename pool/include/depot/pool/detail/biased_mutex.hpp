@@ -31,7 +31,7 @@ class biased_mutex {
 
   [[gnu::always_inline]] void lock() noexcept
   {
-    if (bias_.load(std::memory_order_relaxed) == self() && enter_biased()) [[likely]] {
+    if (enter_if_biased()) [[likely]] {
       return;
     }
     take_word();
@@ -78,10 +78,12 @@ class biased_mutex {
 
  private:
   static const void* self() noexcept { return &token_; }
+  // Enters as the biased holder when biased to the calling thread, else returns false.
   // Dekker's entry with a one-sided fence: the revoker's barrier orders this thread's store
   // of busy_ before its load of bias_ (or the revoker sees busy_ set).
-  bool enter_biased() noexcept
+  [[gnu::always_inline]] bool enter_if_biased() noexcept
   {
+    if (bias_.load(std::memory_order_relaxed) != self()) return false;
     busy_.store(1, std::memory_order_relaxed);
     std::atomic_signal_fence(std::memory_order_seq_cst);
     if (bias_.load(std::memory_order_relaxed) == self()) [[likely]] {
