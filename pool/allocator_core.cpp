@@ -656,6 +656,11 @@ struct stat_delta {
   std::uint32_t dirty = 0;  // op_* bits of the operations since the last publish
   std::uint8_t due = 0;     // due_* bits: publish as the operation ends
   std::uint32_t ops = 0;    // operations since the last publish
+  // The last window held at most one operation (published at its first: a thread that
+  // alternates among streams publishes its last cache's delta at every change): the next
+  // window then sets no headroom, whose reading of the shared figures under their lock
+  // cost more than the single operation it would have spared branches for.
+  bool short_window = false;
   std::int64_t batch = 0;   // allocator_config::stats_batch: the largest |net| kept
   // The drift checks' bound: batch, or no bound while the delta is kept past it
   // (overdrawn): it is then published by the next other cache that publishes (when its
@@ -964,7 +969,7 @@ struct shared_stats {
       publish(d);
       return;
     }
-    if (fresh && d.batch != 0) open_window(d);
+    if (fresh && d.batch != 0 && !d.short_window) open_window(d);
     if ((d.due & stat_delta::due_drift) != 0 && !d.overdrawn()) {
       d.limit = stat_delta::k_no_limit;
       overdrawn.store(&d, std::memory_order_release);
@@ -1011,7 +1016,7 @@ struct shared_stats {
       }
     }
     // Every cell's high back to 0 (also those not taken in above, which may hold their
-    // headroom): the next window sets its own.
+    // headroom): the next window sets its own (none after a one-operation window).
     d.high = {};
     d.cached_high = {};
     d.room = {};
@@ -1019,6 +1024,7 @@ struct shared_stats {
     d.cached_room = {};
     d.dirty = 0;
     d.due = 0;
+    d.short_window = d.ops <= 1;
     d.ops = 0;
   }
 
