@@ -33,6 +33,7 @@
 #include <depot/hal/expects.hpp>
 #include <depot/hal/format_bytes.hpp>
 #include <depot/hal/out_of_memory.hpp>
+#include <depot/hal/stream_registry.hpp>
 #include <depot/pool/detail/allocator_core.hpp>
 #include <depot/pool/detail/biased_mutex.hpp>
 #include <depot/pool/ipc_mapping.hpp>
@@ -1102,6 +1103,12 @@ struct stream_cache {
   hole_index holes;                          // k_unmapped blocks of its segments, by room
   std::vector<std::pair<std::uintptr_t, small_segment*>> small_dir;  // small segments by address
   std::vector<std::pair<native_event, block_ref>> pending;
+  // Its stream was closed (stream_registry) and no allocation ran here since: what the
+  // cache holds was last used before `fence`, an event at the stream's last work (nullptr:
+  // complete). The next allocation here waits for it on its stream (a new stream may have
+  // the closed one's handle); a steal waits for it instead of synchronising the device.
+  bool closed = false;
+  native_event fence = nullptr;
   block* spare = nullptr;  // recycled block records, linked through `next`
   // The block records this cache made, k_block_chunk to a heap allocation. A record moves
   // to another cache with its segment; all of them live as long as the allocator.
@@ -1347,7 +1354,7 @@ class importer_counts {
 
 struct allocator_core::impl {
   impl(std::unique_ptr<upstream_resource> u, allocator_config c, bool a)
-      : up{std::move(u)}, cfg{(c.validate(), c)}, async{a}, dev{up->device()}
+      : up{std::move(u)}, cfg{(c.validate(), c)}, async{a}, dev{up->device()}, streams_of{up->stream_device()}
   {
     // Divisions by a request's power-of-two interval (its floor's exponent): one number
     // for every interval above 1 MiB, or the list's, where an interval up to 2^k covers the
@@ -1375,13 +1382,16 @@ struct allocator_core::impl {
         vm_span = std::max((allowed + vm_page - 1) / vm_page * vm_page, vm_page);
       }
     }
+    if (async) stream_registry::watch(&closing_watch);  // last: nothing after it throws
   }
 
   ~impl()
   {
+    if (async) stream_registry::unwatch(&closing_watch);  // first: no closing runs on what follows
     // Give every segment back; pending events first (their streams may still run).
     for (auto& c : caches) {
       for (auto& [e, b] : c->pending) up->destroy_event(e);
+      if (c->fence != nullptr) up->destroy_event(c->fence);
       for (segment* s = c->segments; s != nullptr;) {
         segment* next = s->lnext;
         give_back(*s);  // (its block records: chunks)
@@ -1398,6 +1408,7 @@ struct allocator_core::impl {
   bool rounds = false;                        // some division above 1
   bool async;
   device_id dev;
+  device_id streams_of;  // whose streams order the work (up->stream_device())
   std::uint64_t id = next_allocator_id.fetch_add(1);
   std::size_t limit = k_unlimited;
   std::size_t vm_page = 0;  // expandable segments: the page they map (0: they are off)
@@ -2213,12 +2224,104 @@ struct allocator_core::impl {
     for (auto& c : caches) {
       cache_lock g{figures, *c};
       process_events(*c, wait);
+      if (c->fence != nullptr && (wait || up->event_done(c->fence))) {
+        if (wait) up->wait_event(c->fence);
+        up->destroy_event(std::exchange(c->fence, nullptr));
+      }
       release_free_segments(*c);
     }
   }
 
-  // Whole free segments of another stream, moved to `c` once the device is idle, then the
-  // block taken from `c`. Every whole free segment of the kind asked for (dense, linked
+  // Whether a handle names a stream that is never destroyed: the default (legacy) stream,
+  // and CUDA's and HIP's per-thread default streams (cudaStreamLegacy, *PerThread).
+  static bool built_in(native_stream s) noexcept { return reinterpret_cast<std::uintptr_t>(s) <= 2; }
+
+  // Makes work queued on stream `to` wait for the last uses of the free memory that cache
+  // `other` holds (caller holds both caches' locks). Without a host wait where it can: an
+  // event recorded on other's stream while stream_registry says it is live (its closing
+  // would need other's lock, which the caller holds, so it stays valid meanwhile), and
+  // other's fence once it was closed. A raw handle's stream may be destroyed at any time:
+  // only finishing the device's work orders those. Throws what the backend throws.
+  void order_after(stream_cache& other, native_stream to)
+  {
+    if (!async) return;
+    try {
+      if (other.closed) {
+        if (other.fence != nullptr && up->event_done(other.fence)) {
+          up->destroy_event(std::exchange(other.fence, nullptr));
+        }
+        if (other.fence != nullptr) up->stream_wait(to, other.fence);
+        // A new stream with the closed one's handle may have freed here since.
+        if (!stream_registry::live(streams_of.kind, other.stream)) return;
+      } else if (!built_in(other.stream) && !stream_registry::live(streams_of.kind, other.stream)) {
+        up->synchronize_device();
+        return;
+      }
+      const native_event e = up->record_event(other.stream);
+      try {
+        up->stream_wait(to, e);
+      } catch (...) {
+        up->destroy_event(e);
+        throw;
+      }
+      up->destroy_event(e);  // (the wait already queued holds what it needs)
+    } catch (const error&) {  // an event refused: order by the device's work instead
+      up->synchronize_device();
+    }
+  }
+
+  // The first allocation from a closed stream's cache (caller holds c's lock): it is on a
+  // stream with the closed one's handle, whose work must wait for the fence.
+  [[gnu::noinline]] void reopen(stream_cache& c)
+  {
+    if (c.fence != nullptr) {
+      try {
+        if (!up->event_done(c.fence)) up->stream_wait(c.stream, c.fence);
+      } catch (const error&) {
+        up->synchronize_device();
+      }
+      up->destroy_event(std::exchange(c.fence, nullptr));
+    }
+    c.closed = false;
+  }
+
+  // stream_registry: `s` is about to be destroyed. Its cache (if any) records a fence at
+  // the stream's last work, so a steal or a stream that reuses the handle waits for that
+  // event, never for the whole device.
+  void stream_closing(device_id d, native_stream s) noexcept
+  {
+    if (d.kind != streams_of.kind || (streams_of.index >= 0 && d.index != streams_of.index)) return;
+    stream_cache* c = nullptr;
+    {
+      std::shared_lock r{registry_mu};
+      const auto it = by_stream.find(s);
+      if (it == by_stream.end()) return;
+      c = it->second;  // (caches live as long as the allocator)
+    }
+    cache_lock g{figures, *c};
+    native_event e = nullptr;
+    try {
+      e = up->record_event(s);
+    } catch (...) {  // order by the device's work instead: nothing is left to wait for
+      try {
+        up->synchronize_device();
+      } catch (...) {
+      }
+    }
+    if (c->fence != nullptr) up->destroy_event(c->fence);
+    c->fence = e;
+    c->closed = true;
+  }
+
+  struct closing_watcher final : stream_registry::watcher {
+    explicit closing_watcher(impl* m) noexcept : owner{m} {}
+    void stream_closing(device_id d, native_stream s) noexcept override { owner->stream_closing(d, s); }
+    impl* owner;
+  };
+  closing_watcher closing_watch{this};
+
+  // Whole free segments of another stream, moved to `c` once work on c's stream is ordered
+  // after their last uses, then the block taken from `c`. Every whole free segment of the kind asked for (dense, linked
   // small, large) moves at once: one device synchronisation for all of them, where one per
   // segment cost a synchronisation per segment to a thread that moved to a new stream (a
   // benchmark's repetition, a code that makes a stream per phase). (Taking the victim's
@@ -2234,9 +2337,10 @@ struct allocator_core::impl {
       if (std::try_lock(other->mu, c.mu) != -1) continue;
       const cache_lock other_lock{figures, *other, std::adopt_lock};
       const cache_lock own_lock{figures, c, std::adopt_lock};
-      // The segments' last frees were ordered on the other stream, which its owner may
-      // have destroyed since (a raw handle cannot tell): order by finishing the device's
-      // work instead. This is the miss path, in place of an upstream allocation.
+      // The segments' last frees were ordered on the other stream: order_after() makes
+      // work on this one wait for them (an event where the stream's lifetime is known, a
+      // device synchronisation for a raw handle). This is the miss path, in place of an
+      // upstream allocation.
       if (want_dense) {
         const auto movable = [](const small_segment& s) { return s.whole_free(); };
         auto& from = other->small_dir;
@@ -2244,7 +2348,7 @@ struct allocator_core::impl {
             std::count_if(from.begin(), from.end(), [&](const auto& d) { return movable(*d.second); }));
         if (n == 0) continue;
         c.reserve_small(n);  // may throw: nothing changed yet
-        if (async) up->synchronize_device();
+        order_after(*other, c.stream);
         c.take_small_from(
             *other, movable,
             [&](small_segment& s) {
@@ -2258,7 +2362,7 @@ struct allocator_core::impl {
         bool any = false;
         for (const segment* s = other->segments; s != nullptr && !any; s = s->lnext) any = movable(s);
         if (!any) continue;
-        if (async) up->synchronize_device();
+        order_after(*other, c.stream);
         for (segment* s = other->segments; s != nullptr;) {
           segment* next = s->lnext;
           if (movable(s)) {
@@ -2770,6 +2874,7 @@ void* allocator_core::allocate(std::size_t bytes, native_stream stream)
   m.begin_op(c);
   {
     cache_lock g{m.figures, c};
+    if (c.closed) [[unlikely]] m.reopen(c);
     if (!c.pending.empty()) m.process_events(c, false);
     b = m.take(c, size, small, bytes);
     if (b.found()) ++c.hits;

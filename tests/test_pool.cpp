@@ -10,6 +10,7 @@
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/hal/runtime.hpp>
 #include <depot/hal/stream.hpp>
+#include <depot/hal/stream_registry.hpp>
 #include <depot/ops/fill.hpp>
 #include <depot/pool/caching_allocator.hpp>
 #include <depot/pool/fixed_pool.hpp>
@@ -1644,13 +1645,18 @@ class manual_event_upstream final : public depot::upstream_resource {
     int recorded = 0;
     int waits = 0;
     int syncs = 0;
+    int stream_waits = 0;  // stream_wait() calls, and the last one's stream and event
+    std::uintptr_t waiting_stream = 0;
+    std::uintptr_t waited_event = 0;
     bool fail_events = false;
+    depot::device_id streams{depot::device_kind::host, 0};  // stream_device()
   };
   explicit manual_event_upstream(std::shared_ptr<state> s) : s_{std::move(s)} {}
   void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
   void deallocate(void* p, std::size_t bytes) noexcept override { inner_.deallocate(p, bytes); }
   depot::memory_info memory() override { return inner_.memory(); }
   depot::device_id device() const noexcept override { return inner_.device(); }
+  depot::device_id stream_device() const noexcept override { return s_->streams; }
   depot::native_event record_event(depot::native_stream) override
   {
     if (s_->fail_events) throw depot::error("test: event refused", "record_event", __FILE__, __LINE__, 1, "test");
@@ -1664,7 +1670,12 @@ class manual_event_upstream final : public depot::upstream_resource {
     ++s_->waits;
     s_->open.erase(id(e));
   }
-  void stream_wait(depot::native_stream, depot::native_event) override {}
+  void stream_wait(depot::native_stream s, depot::native_event e) override
+  {
+    ++s_->stream_waits;
+    s_->waiting_stream = reinterpret_cast<std::uintptr_t>(s);
+    s_->waited_event = id(e);
+  }
   void destroy_event(depot::native_event e) noexcept override { s_->open.erase(id(e)); }
   void synchronize_device() override
   {
@@ -2213,6 +2224,219 @@ TEST_CASE_TEMPLATE("pool: a new stream takes over all of another stream's whole 
   check_invariants(a);
   a.empty_cache();
   CHECK(a.stats().reserved_bytes.all.current == 0);
+}
+
+// A steal from another stream's cache orders the thief's stream after the victim's by an
+// event where the victim's lifetime is known (a depot::stream, or a handle registered with
+// stream_registry), and only for a raw handle by synchronising the device. A closed
+// stream's cache keeps a fence event: a steal, or a new stream that reuses the handle,
+// waits for that event. The event calls are counted on an asynchronous backend on the CPU.
+TEST_CASE("pool: steals and reused handles are ordered by events where the stream's lifetime is known")
+{
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  auto a = std::make_unique<depot::detail::allocator_core>(std::make_unique<manual_event_upstream>(ev),
+                                                           quiet_config<depot::host>(), /*asynchronous=*/true);
+  const depot::device_id dev{depot::device_kind::host, 0};
+  const std::size_t n = 8 * MiB;
+  const auto addr = [](auto p) { return reinterpret_cast<std::uintptr_t>(p); };
+  depot::stream<depot::host> thief;
+
+  SUBCASE("a live depot::stream: an event on it, waited for on the thief's stream") {
+    depot::stream<depot::host> victim;
+    void* x = a->allocate(n, victim.native());
+    a->deallocate(x, victim.native(), true, 0);
+    const int recorded = ev->recorded;
+    void* y = a->allocate(n, thief.native());  // no fit in the thief's cache: the segment moves
+    CHECK(y == x);
+    CHECK(ev->recorded == recorded + 1);
+    CHECK(ev->stream_waits == 1);
+    CHECK(ev->waiting_stream == addr(thief.native()));
+    CHECK(ev->waited_event == ev->next);  // the event just recorded on the victim
+    CHECK(ev->syncs == 0);
+    CHECK(ev->open.empty());  // destroyed once the wait was queued
+    a->deallocate(y, thief.native(), true, 0);
+  }
+  // A raw handle may be destroyed at any time: the device's work is finished. The default
+  // stream (and the per-thread ones, handles 1 and 2) never is: an event on it.
+  std::uintptr_t victim_handle = 1;  // (1: none of these subcases)
+  int syncs = 0;
+  SUBCASE("a raw handle") {
+    victim_handle = 0x1000;
+    syncs = 1;
+  }
+  SUBCASE("the default stream") { victim_handle = 0; }
+  SUBCASE("the per-thread default stream") { victim_handle = 2; }
+  if (victim_handle != 1) {
+    const auto victim = reinterpret_cast<depot::native_stream>(victim_handle);
+    void* x = a->allocate(n, victim);
+    a->deallocate(x, victim, true, 0);
+    void* y = a->allocate(n, thief.native());
+    CHECK(y == x);
+    CHECK(ev->syncs == syncs);
+    CHECK(ev->stream_waits == 1 - syncs);
+    a->deallocate(y, thief.native(), true, 0);
+  }
+  SUBCASE("a destroyed stream: its fence, waited for while open, dropped once complete") {
+    void* x = nullptr;
+    void* x2 = nullptr;
+    {
+      depot::stream<depot::host> victim;
+      x = a->allocate(n, victim.native());
+      x2 = a->allocate(2 * n, victim.native());
+      a->deallocate(x, victim.native(), true, 0);
+      a->deallocate(x2, victim.native(), true, 0);
+      CHECK(ev->recorded == 0);
+    }
+    CHECK(ev->recorded == 1);  // the fence, at the stream's last work
+    const std::uintptr_t fence = ev->next;
+    CHECK(ev->open.count(fence) == 1);
+    const auto reserved = a->stats().reserved_bytes.all.current;
+    void* y = a->allocate(n, thief.native());  // both whole free segments move at once
+    CHECK((y == x || y == x2));                // (best fit: it may be the 16 MiB one)
+    CHECK(a->stats().reserved_bytes.all.current == reserved);
+    CHECK(ev->recorded == 1);  // no event on the destroyed stream
+    CHECK(ev->stream_waits == 1);
+    CHECK(ev->waiting_stream == addr(thief.native()));
+    CHECK(ev->waited_event == fence);
+    CHECK(ev->syncs == 0);
+    check_invariants(a->stats(), a->snapshot());
+    a->deallocate(y, thief.native(), true, 0);
+    a->empty_cache();  // the fence is still open: not waited for, kept
+    CHECK(ev->open.count(fence) == 1);
+    ev->open.clear();  // the fence completes
+    a->empty_cache();
+    CHECK(ev->syncs == 0);
+    CHECK(a->stats().reserved_bytes.all.current == 0);
+  }
+  SUBCASE("a new stream with a closed stream's handle waits for the fence before a cached block") {
+    const auto h = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x3000});
+    depot::stream_registry::opened(dev, h);
+    void* x = a->allocate(n, h);
+    a->deallocate(x, h, true, 0);
+    depot::stream_registry::closing(dev, h);
+    CHECK_FALSE(depot::stream_registry::live(dev.kind, h));
+    CHECK(ev->recorded == 1);
+    const std::uintptr_t fence = ev->next;
+    depot::stream_registry::opened(dev, h);  // a new stream, the same handle
+    void* y = a->allocate(n, h);             // a cache hit, on the new stream
+    CHECK(y == x);
+    CHECK(ev->stream_waits == 1);
+    CHECK(ev->waiting_stream == addr(h));
+    CHECK(ev->waited_event == fence);
+    CHECK(ev->open.count(fence) == 0);  // consumed
+    void* z = a->allocate(n, h);  // the cache is the new stream's now: no more waits
+    CHECK(ev->stream_waits == 1);
+    a->deallocate(y, h, true, 0);
+    a->deallocate(z, h, true, 0);
+    // Stolen from while live (the new stream): an event on it; then closed again with
+    // its fence complete: nothing to wait for.
+    depot::stream_registry::closing(dev, h);
+    ev->open.clear();
+    void* w = a->allocate(n, thief.native());
+    CHECK(ev->stream_waits == 1);
+    CHECK(ev->syncs == 0);
+    a->deallocate(w, thief.native(), true, 0);
+  }
+  SUBCASE("another device's closing, or a closing after the allocator is gone, changes nothing") {
+    const auto h = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x4000});
+    depot::stream_registry::opened(dev, h);
+    void* x = a->allocate(n, h);
+    a->deallocate(x, h, true, 0);
+    depot::stream_registry::closing(depot::device_id{depot::device_kind::cuda, 0}, h);
+    CHECK(ev->recorded == 0);
+    depot::stream_registry::closing(depot::device_id{depot::device_kind::host, 1}, h);
+    CHECK(ev->recorded == 0);
+    a.reset();  // unwatches: the closing below must not reach it (ASan would see it)
+    depot::stream_registry::closing(dev, h);
+    CHECK(ev->recorded == 0);
+  }
+  SUBCASE("memory ordered by another backend's streams (pinned host memory) hears only those") {
+    auto ev2 = std::make_shared<manual_event_upstream::state>();
+    ev2->streams = depot::device_id{depot::device_kind::cuda, -1};  // any CUDA device
+    depot::detail::allocator_core pinned{std::make_unique<manual_event_upstream>(ev2),
+                                         quiet_config<depot::host>(), /*asynchronous=*/true};
+    const auto h = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x5000});
+    void* x = pinned.allocate(n, h);
+    pinned.deallocate(x, h, true, 0);
+    depot::stream_registry::closing(dev, h);  // a host stream: not one of its streams
+    CHECK(ev2->recorded == 0);
+    { depot::stream<depot::host> host_stream; }
+    CHECK(ev2->recorded == 0);
+    depot::stream_registry::closing(depot::device_id{depot::device_kind::cuda, 3}, h);
+    CHECK(ev2->recorded == 1);  // its fence
+    pinned.empty_cache();
+  }
+  SUBCASE("an event refused at a steal: the device's work is finished instead") {
+    depot::stream<depot::host> victim;
+    void* x = a->allocate(n, victim.native());
+    a->deallocate(x, victim.native(), true, 0);
+    ev->fail_events = true;
+    void* y = a->allocate(n, thief.native());
+    CHECK(y == x);
+    CHECK(ev->syncs == 1);
+    CHECK(ev->stream_waits == 0);
+    ev->fail_events = false;
+    a->deallocate(y, thief.native(), true, 0);
+  }
+  if (a) {
+    check_invariants(a->stats(), a->snapshot());
+    a->empty_cache();
+  }
+}
+
+// The same orders on the device: the victim stream's last work on a block is slow (queued
+// behind large fills), the thief writes the block at once. Without an order the victim's
+// late fill would overwrite the thief's. Each way a block can change streams: a steal from
+// a live stream, a steal from a destroyed one, and a new stream (maybe with the old handle).
+TEST_CASE_TEMPLATE("pool: a block that changes streams is written after the last stream's work", D,
+                   DEPOT_TEST_DEVICES)
+{
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  const std::size_t busy_n = depot::is_gpu_v<D> ? std::size_t{1} << 30 : 1 * MiB;
+  const std::size_t n = 64 * MiB;
+  std::mt19937_64 rng{depot::test::seed("pool block changes streams", 7)};
+  int how = 0;
+  SUBCASE("stolen from a live stream") { how = 0; }
+  SUBCASE("stolen from a destroyed stream") { how = 1; }
+  SUBCASE("a new stream after the old one was destroyed") { how = 2; }
+  CAPTURE(how);
+  auto s1 = std::make_unique<depot::stream<D>>();
+  const depot::native_stream old_handle = s1->native();
+  void* busy = a.allocate(busy_n, *s1);
+  void* x = a.allocate(n, *s1);
+  for (int i = 0; i < 8; ++i) fill_bytes<D>(busy, busy_n, static_cast<unsigned char>(i), *s1);
+  fill_bytes<D>(x, n, 1, *s1);  // lands after the 8 GiB of fills on the GPU (~3 ms)
+  a.deallocate(x, *s1);
+  a.deallocate(busy, *s1);
+  std::unique_ptr<depot::stream<D>> keep;
+  if (how == 0) keep = std::move(s1);
+  s1.reset();
+  // A new stream; for the third way, one with the old handle if the backend gives it back
+  // within 64 streams (then the block is a cache hit on a closed stream's cache).
+  std::vector<depot::stream<D>> tried;
+  auto s2p = std::make_unique<depot::stream<D>>();
+  for (int i = 0; how == 2 && s2p->native() != old_handle && i < 64; ++i) {
+    tried.push_back(std::move(*s2p));
+    s2p = std::make_unique<depot::stream<D>>();
+  }
+  depot::stream<D>& s2 = *s2p;
+  if (how == 2) MESSAGE("the new stream reuses the destroyed one's handle: " << (s2.native() == old_handle));
+  // Measured, not asserted: the allocation returns while the old stream's work still runs
+  // (a device synchronisation would wait for it).
+  const auto t0 = std::chrono::steady_clock::now();
+  void* y = a.allocate(n, s2);
+  const auto t1 = std::chrono::steady_clock::now();
+  CHECK(y == x);  // the same block, moved (or reused)
+  fill_bytes<D>(y, n, 2, s2);
+  s2.synchronize();
+  const auto t2 = std::chrono::steady_clock::now();
+  depot::runtime<D>::synchronize(0);
+  using us = std::chrono::duration<double, std::micro>;
+  MESSAGE("allocate on the new stream took " << us(t1 - t0).count() << " us; its fill then took "
+          << us(t2 - t1).count() << " us (on a GPU, most of it waiting for the old stream's work)");
+  CHECK(check_bytes<D>(y, n, 2, rng));
+  a.deallocate(y, s2);
+  check_invariants(a);
 }
 
 TEST_CASE_TEMPLATE("pool: producer and consumer on two streams", D, DEPOT_TEST_DEVICES)

@@ -7,6 +7,7 @@
 #include <depot/hal/native_handle.hpp>
 #include <depot/hal/runtime.hpp>
 #include <depot/hal/stream_ref.hpp>
+#include <depot/hal/stream_registry.hpp>
 
 #include <utility>
 
@@ -15,10 +16,20 @@ namespace depot {
 // An owning stream of backend D on one device: created in the constructor, destroyed in
 // the destructor (never throws; work already queued still completes). Move-only. Not
 // synchronised: share it between threads through stream_ref, not by mutating one object.
+// Registered in stream_registry while it lives, so caching allocators order memory cached
+// for it after its last work by an event, not a device synchronisation.
 template <device D>
 class stream {
  public:
-  explicit stream(int device = 0) : device_{device}, handle_{runtime<D>::create_stream(device)} {}
+  explicit stream(int device = 0) : device_{device}, handle_{runtime<D>::create_stream(device)}
+  {
+    try {
+      stream_registry::opened(device_id::of<D>(device_), handle_);
+    } catch (...) {
+      runtime<D>::destroy_stream(handle_, device_);
+      throw;
+    }
+  }
   stream(const stream&) = delete;
   stream& operator=(const stream&) = delete;
   stream(stream&& other) noexcept
@@ -49,7 +60,9 @@ class stream {
  private:
   void reset() noexcept
   {
-    if (handle_ != nullptr) runtime<D>::destroy_stream(std::exchange(handle_, nullptr), device_);
+    if (handle_ == nullptr) return;
+    stream_registry::closing(device_id::of<D>(device_), handle_);
+    runtime<D>::destroy_stream(std::exchange(handle_, nullptr), device_);
   }
 
   int device_;

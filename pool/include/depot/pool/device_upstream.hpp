@@ -40,6 +40,10 @@ class device_upstream final : public upstream_resource {
   {
     return pinned_ ? device_id{device_kind::host, 0} : device_id::of<D>(device_);
   }
+  [[nodiscard]] device_id stream_device() const noexcept override
+  {
+    return pinned_ ? device_id{D::kind, -1} : device_id::of<D>(device_);
+  }
   [[nodiscard]] native_event record_event(native_stream stream) override
   {
     native_event e = runtime<D>::create_event(device_, false);

@@ -28,6 +28,10 @@ class upstream_resource {
   virtual void deallocate(void* ptr, std::size_t bytes) noexcept = 0;
   [[nodiscard]] virtual memory_info memory() = 0;
   [[nodiscard]] virtual device_id device() const noexcept = 0;
+  // Whose streams order this memory's work: a backend and device (index -1: any device of
+  // the backend, as for pinned host memory that every GPU's streams use). The events below
+  // take those streams; stream_registry's closings of other backends are not this one's.
+  [[nodiscard]] virtual device_id stream_device() const noexcept { return device(); }
 
   // A new event recorded on `stream`.
   [[nodiscard]] virtual native_event record_event(native_stream stream) = 0;
