@@ -1650,6 +1650,7 @@ class manual_event_upstream final : public depot::upstream_resource {
     std::uintptr_t waited_event = 0;
     bool fail_events = false;
     depot::device_id streams{depot::device_kind::host, 0};  // stream_device()
+    std::mutex mu;  // held by every call below (a test reads the fields between calls)
   };
   explicit manual_event_upstream(std::shared_ptr<state> s) : s_{std::move(s)} {}
   void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
@@ -1659,26 +1660,38 @@ class manual_event_upstream final : public depot::upstream_resource {
   depot::device_id stream_device() const noexcept override { return s_->streams; }
   depot::native_event record_event(depot::native_stream) override
   {
+    const std::lock_guard g{s_->mu};
     if (s_->fail_events) throw depot::error("test: event refused", "record_event", __FILE__, __LINE__, 1, "test");
     ++s_->recorded;
     s_->open.insert(++s_->next);
     return reinterpret_cast<depot::native_event>(s_->next);
   }
-  bool event_done(depot::native_event e) override { return s_->open.count(id(e)) == 0; }
+  bool event_done(depot::native_event e) override
+  {
+    const std::lock_guard g{s_->mu};
+    return s_->open.count(id(e)) == 0;
+  }
   void wait_event(depot::native_event e) override
   {
+    const std::lock_guard g{s_->mu};
     ++s_->waits;
     s_->open.erase(id(e));
   }
   void stream_wait(depot::native_stream s, depot::native_event e) override
   {
+    const std::lock_guard g{s_->mu};
     ++s_->stream_waits;
     s_->waiting_stream = reinterpret_cast<std::uintptr_t>(s);
     s_->waited_event = id(e);
   }
-  void destroy_event(depot::native_event e) noexcept override { s_->open.erase(id(e)); }
+  void destroy_event(depot::native_event e) noexcept override
+  {
+    const std::lock_guard g{s_->mu};
+    s_->open.erase(id(e));
+  }
   void synchronize_device() override
   {
+    const std::lock_guard g{s_->mu};
     ++s_->syncs;
     s_->open.clear();
   }
@@ -2171,6 +2184,86 @@ TEST_CASE_TEMPLATE("pool: streams that come and go do not strand memory", D, DEP
   CHECK(st.num_segments.all.current == 2);
   CHECK(st.reserved_bytes.all.current == static_cast<std::int64_t>(22 * MiB));
   check_invariants(a);
+}
+
+// device_upstream keeps destroyed events and records them again (a steal or a free on
+// another stream records one): the same handle comes back, and each record is its own.
+TEST_CASE_TEMPLATE("pool: device_upstream records kept events again", D, DEPOT_TEST_DEVICES)
+{
+  depot::device_upstream<D> up{0};
+  depot::stream<D> s;
+  std::vector<depot::native_event> first;
+  for (int i = 0; i < 3; ++i) first.push_back(up.record_event(s.native()));
+  for (auto e : first) up.destroy_event(e);
+  std::vector<depot::native_event> again;
+  for (int i = 0; i < 3; ++i) again.push_back(up.record_event(s.native()));
+  std::sort(first.begin(), first.end());
+  auto sorted = again;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(sorted == first);  // no new event taken from the backend
+  const auto fresh = up.record_event(s.native());  // the spares are in use: a new one
+  CHECK(std::find(first.begin(), first.end(), fresh) == first.end());
+  s.synchronize();
+  for (auto e : again) {
+    up.wait_event(e);
+    CHECK(up.event_done(e));
+  }
+  up.destroy_event(fresh);
+  for (auto e : again) up.destroy_event(e);
+  up.destroy_event(nullptr);  // nothing
+}
+
+// Streams made and destroyed on four threads at once, on an asynchronous backend (CPU
+// memory, events counted): closings record fences while other threads steal from those
+// caches and new streams reuse their handles. Every stream is a depot::stream, so no steal
+// and no reuse ever synchronises the device; the memory is not stranded; every block keeps
+// its contents (the thread-sanitizer build runs this).
+TEST_CASE("pool: streams that come and go on four threads are ordered by events, never by the device")
+{
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev), quiet_config<depot::host>(),
+                                  /*asynchronous=*/true};
+  const auto seed = depot::test::seed("pool streams come and go, 4 threads", 11);
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng{seed + t};
+      for (int i = 0; i < 60; ++i) {
+        depot::stream<depot::host> s;
+        std::vector<std::pair<unsigned char*, std::size_t>> live;
+        for (int k = 0; k < 3; ++k) {
+          const std::size_t n = 1 + rng() % (6 * MiB);
+          auto* p = static_cast<unsigned char*>(a.allocate(n, s.native()));
+          const auto id = static_cast<unsigned char>(t * 64 + static_cast<unsigned>(k));
+          std::memset(p, id, n);
+          live.emplace_back(p, n);
+        }
+        for (std::size_t k = 0; k < live.size(); ++k) {
+          const auto [p, n] = live[k];
+          const auto id = static_cast<unsigned char>(t * 64 + k);
+          if (p[0] != id || p[n / 2] != id || p[n - 1] != id) bad.fetch_add(1);
+          a.deallocate(p, s.native(), true, 0);
+        }
+        if (i % 8 == 7) {  // the fences recorded so far complete
+          const std::lock_guard g{ev->mu};
+          ev->open.clear();
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(bad.load() == 0);
+  CHECK(ev->syncs == 0);
+  CHECK(ev->recorded >= 4 * 60);  // a fence at each closing at least
+  MESSAGE("fences and steal events recorded: " << ev->recorded << ", waits queued on streams: " << ev->stream_waits);
+  const depot::memory_stats st = a.stats();
+  check_invariants(st, a.snapshot());
+  CHECK(st.allocated_bytes.all.current == 0);
+  // Not stranded: at most what 4 threads' 3 live blocks of <= 6 MiB need at once, in
+  // segments of <= 20 MiB (a cache takes others' whole free segments before growing).
+  CHECK(st.reserved_bytes.all.peak <= static_cast<std::int64_t>(4 * 3 * 20 * MiB));
+  a.empty_cache();
 }
 
 // A stream that finds no fitting block takes over every whole free segment of the pool it

@@ -6,18 +6,29 @@
 #include <depot/hal/runtime.hpp>
 #include <depot/pool/upstream_resource.hpp>
 
+#include <cstddef>
+#include <mutex>
+#include <vector>
+
 namespace depot {
 
 // Device memory of backend D straight from the HAL (cudaMalloc / hipMalloc / the heap),
 // with D's events. `pinned = true` takes pinned host memory instead (cudaMallocHost /
 // hipHostMalloc), still ordered by D's streams: the upstream of the pinned host pool.
-// Thread-safe (the HAL is).
+// Thread-safe (the HAL is). Destroyed events are kept (up to 64) and recorded again: an
+// event taken from the backend costs more driver calls than recording one.
 template <device D>
 class device_upstream final : public upstream_resource {
  public:
   explicit device_upstream(int device = 0, bool pinned = false) : device_{device}, pinned_{pinned}
   {
     runtime<D>::check_device(device);
+  }
+  device_upstream(const device_upstream&) = delete;
+  device_upstream& operator=(const device_upstream&) = delete;
+  ~device_upstream() override
+  {
+    for (native_event e : spare_events_) runtime<D>::destroy_event(e, device_);
   }
 
   [[nodiscard]] void* allocate(std::size_t bytes) override
@@ -46,11 +57,20 @@ class device_upstream final : public upstream_resource {
   }
   [[nodiscard]] native_event record_event(native_stream stream) override
   {
-    native_event e = runtime<D>::create_event(device_, false);
+    native_event e = nullptr;
+    {
+      const std::lock_guard g{events_mu_};
+      if (!spare_events_.empty()) {
+        e = spare_events_.back();
+        spare_events_.pop_back();
+      }
+    }
+    if (e == nullptr) e = runtime<D>::create_event(device_, false);
     try {
+      // A wait queued on an earlier record of a reused event keeps waiting for that one.
       runtime<D>::record_event(e, stream);
     } catch (...) {
-      runtime<D>::destroy_event(e, device_);
+      destroy_event(e);
       throw;
     }
     return e;
@@ -61,7 +81,18 @@ class device_upstream final : public upstream_resource {
   {
     runtime<D>::wait_event(stream, event);
   }
-  void destroy_event(native_event event) noexcept override { runtime<D>::destroy_event(event, device_); }
+  void destroy_event(native_event event) noexcept override
+  {
+    if (event == nullptr) return;
+    {
+      const std::lock_guard g{events_mu_};
+      if (spare_events_.size() < k_spare_events) {
+        spare_events_.push_back(event);  // (reserved: never throws)
+        return;
+      }
+    }
+    runtime<D>::destroy_event(event, device_);
+  }
   void synchronize_device() override { runtime<D>::synchronize(device_); }
   [[nodiscard]] ipc_memory_handle ipc_export(void* segment) override
   {
@@ -98,8 +129,15 @@ class device_upstream final : public upstream_resource {
   }
 
  private:
+  static constexpr std::size_t k_spare_events = 64;
   int device_;
   bool pinned_;
+  std::mutex events_mu_;
+  std::vector<native_event> spare_events_ = [] {
+    std::vector<native_event> v;
+    v.reserve(k_spare_events);
+    return v;
+  }();
 };
 
 }  // namespace depot
