@@ -57,11 +57,13 @@ void stream_registry::closing(device_id device, native_stream stream) noexcept
 {
   registry_state& s = state();
   {
-    std::lock_guard g{s.live_mu};
-    s.live.erase(key{device.kind, stream});
+    // Live while the watchers are told: one that holds a lock its stream_closing() takes
+    // may still use the stream (it is destroyed only after this returns).
+    std::shared_lock r{s.watchers_mu};
+    for (watcher* w : s.watchers) w->stream_closing(device, stream);
   }
-  std::shared_lock r{s.watchers_mu};
-  for (watcher* w : s.watchers) w->stream_closing(device, stream);
+  std::lock_guard g{s.live_mu};
+  s.live.erase(key{device.kind, stream});
 }
 
 bool stream_registry::live(device_kind kind, native_stream stream) noexcept

@@ -2237,11 +2237,12 @@ struct allocator_core::impl {
   static bool built_in(native_stream s) noexcept { return reinterpret_cast<std::uintptr_t>(s) <= 2; }
 
   // Makes work queued on stream `to` wait for the last uses of the free memory that cache
-  // `other` holds (caller holds both caches' locks). Without a host wait where it can: an
-  // event recorded on other's stream while stream_registry says it is live (its closing
-  // would need other's lock, which the caller holds, so it stays valid meanwhile), and
-  // other's fence once it was closed. A raw handle's stream may be destroyed at any time:
-  // only finishing the device's work orders those. Throws what the backend throws.
+  // `other` holds (caller holds both caches' locks). Without a host wait where it can:
+  // other's fence once it was closed (nothing ran there since), else an event recorded on
+  // other's stream while stream_registry says it is live (not closed here yet: its
+  // closing waits for other's lock, which the caller holds, so it stays valid meanwhile).
+  // A raw handle's stream may be destroyed at any time: only finishing the device's work
+  // orders those. Throws what the backend throws.
   void order_after(stream_cache& other, native_stream to)
   {
     if (!async) return;
@@ -2251,9 +2252,9 @@ struct allocator_core::impl {
           up->destroy_event(std::exchange(other.fence, nullptr));
         }
         if (other.fence != nullptr) up->stream_wait(to, other.fence);
-        // A new stream with the closed one's handle may have freed here since.
-        if (!stream_registry::live(streams_of.kind, other.stream)) return;
-      } else if (!built_in(other.stream) && !stream_registry::live(streams_of.kind, other.stream)) {
+        return;
+      }
+      if (!built_in(other.stream) && !stream_registry::live(streams_of.kind, other.stream)) {
         up->synchronize_device();
         return;
       }
@@ -2270,8 +2271,9 @@ struct allocator_core::impl {
     }
   }
 
-  // The first allocation from a closed stream's cache (caller holds c's lock): it is on a
-  // stream with the closed one's handle, whose work must wait for the fence.
+  // The first allocation from a closed stream's cache (caller holds c's lock), or a free
+  // there on a live stream: it is on a stream with the closed one's handle, whose work must
+  // wait for the fence (and the cache is that stream's from now on).
   [[gnu::noinline]] void reopen(stream_cache& c)
   {
     if (c.fence != nullptr) {
@@ -2299,6 +2301,7 @@ struct allocator_core::impl {
       c = it->second;  // (caches live as long as the allocator)
     }
     cache_lock g{figures, *c};
+    if (c->closed) return;  // closed before, and nothing ran here since: its fence stands
     native_event e = nullptr;
     try {
       e = up->record_event(s);
@@ -2308,8 +2311,7 @@ struct allocator_core::impl {
       } catch (...) {
       }
     }
-    if (c->fence != nullptr) up->destroy_event(c->fence);
-    c->fence = e;
+    c->fence = e;  // (reopen() consumed any earlier one)
     c->closed = true;
   }
 
@@ -2905,6 +2907,15 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
   if (hint != nullptr) {
     if (const block_ref b = m.find_locked(*hint, ptr, true); b.found()) {
       cache_lock lock{m.figures, *hint, std::adopt_lock};
+      // A free into a closed stream's cache on a live stream with its handle: the block's
+      // last use is that stream's, after the fence (a free on the dead stream itself, or
+      // unnamed, is before it).
+      if (hint->closed && stream_given) [[unlikely]] {
+        try {
+          if (stream_registry::live(m.streams_of.kind, stream)) m.reopen(*hint);
+        } catch (...) {  // the device failed: the fence stays, and with it the order
+        }
+      }
       if (m.free_simple(lock, b, stream, stream_given, expected_bytes)) return;
       m.free_general(b, std::move(lock), stream, stream_given, expected_bytes);
       return;

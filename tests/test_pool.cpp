@@ -2430,6 +2430,40 @@ TEST_CASE("pool: steals and reused handles are ordered by events where the strea
     CHECK(ev->syncs == 0);
     a->deallocate(w, thief.native(), true, 0);
   }
+  SUBCASE("a free into a closed stream's cache: on a new stream with the handle, it waits for the fence") {
+    const auto h = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x6000});
+    const std::size_t m = 24 * MiB;  // a segment each
+    depot::stream_registry::opened(dev, h);
+    void* x = a->allocate(m, h);
+    void* x2 = a->allocate(m, h);
+    depot::stream_registry::closing(dev, h);  // x and x2 are still allocated
+    const std::uintptr_t fence = ev->next;
+    CHECK(ev->recorded == 1);
+    // Freed unnamed, or on the dead handle: its uses were the closed stream's, before the
+    // fence. A steal then waits for the fence alone (no event on the dead handle).
+    a->deallocate(x, h, true, 0);
+    void* y = a->allocate(m, thief.native());
+    CHECK(y == x);
+    CHECK(ev->recorded == 1);
+    CHECK(ev->stream_waits == 1);
+    CHECK(ev->waited_event == fence);
+    CHECK(ev->waiting_stream == addr(thief.native()));
+    // Freed on a new stream with the handle: that stream waits for the fence, and the
+    // cache is its own from then on (a steal records an event on it).
+    depot::stream_registry::opened(dev, h);
+    a->deallocate(x2, h, true, 0);
+    CHECK(ev->stream_waits == 2);
+    CHECK(ev->waiting_stream == addr(h));
+    CHECK(ev->waited_event == fence);
+    void* y2 = a->allocate(m, thief.native());  // the thief's cache has no free block: steals x2
+    CHECK(y2 == x2);
+    CHECK(ev->recorded == 2);  // an event on the new stream
+    CHECK(ev->stream_waits == 3);
+    CHECK(ev->syncs == 0);
+    a->deallocate(y, thief.native(), true, 0);
+    a->deallocate(y2, thief.native(), true, 0);
+    depot::stream_registry::closing(dev, h);
+  }
   SUBCASE("another device's closing, or a closing after the allocator is gone, changes nothing") {
     const auto h = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x4000});
     depot::stream_registry::opened(dev, h);

@@ -29,12 +29,13 @@ class stream_registry {
 
   // `stream` is live until closing(). May throw std::bad_alloc (nothing recorded then).
   static void opened(device_id device, native_stream stream);
-  // Forgets `stream`, then tells every watcher: call it before destroying the handle. A
+  // Tells every watcher, then forgets `stream`: call it before destroying the handle. A
   // handle never opened is told to watchers too (they order by events either way).
   static void closing(device_id device, native_stream stream) noexcept;
   // Whether `stream` of backend `kind` (on any of its devices: a handle names one stream of
-  // its backend) is opened and not yet closing. Held true while a watcher holds a lock its
-  // stream_closing() takes: the stream is then valid until that lock is released.
+  // its backend) is opened and its closing() has not returned. A watcher that holds a lock
+  // its stream_closing() takes and has not been told yet may use the stream until it
+  // releases that lock (the closing waits for it).
   [[nodiscard]] static bool live(device_kind kind, native_stream stream) noexcept;
 
   // Adds a watcher (may throw std::bad_alloc). unwatch() returns once no call to it runs,
