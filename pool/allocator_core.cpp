@@ -1103,10 +1103,11 @@ struct stream_cache {
   hole_index holes;                          // k_unmapped blocks of its segments, by room
   std::vector<std::pair<std::uintptr_t, small_segment*>> small_dir;  // small segments by address
   std::vector<std::pair<native_event, block_ref>> pending;
-  // Its stream was closed (stream_registry) and no allocation ran here since: what the
-  // cache holds was last used before `fence`, an event at the stream's last work (nullptr:
-  // complete). The next allocation here waits for it on its stream (a new stream may have
-  // the closed one's handle); a steal waits for it instead of synchronising the device.
+  // Its stream was closed (stream_registry) and nothing reopened it since (an allocation
+  // here, or a free here on a live stream with the handle): what the cache holds was last
+  // used before `fence`, an event at the stream's last work (nullptr: complete). Reopening
+  // waits for it on the new stream (one the backend gave the closed one's handle); a steal
+  // waits for it instead of synchronising the device.
   bool closed = false;
   native_event fence = nullptr;
   block* spare = nullptr;  // recycled block records, linked through `next`
@@ -2323,9 +2324,10 @@ struct allocator_core::impl {
   closing_watcher closing_watch{this};
 
   // Whole free segments of another stream, moved to `c` once work on c's stream is ordered
-  // after their last uses, then the block taken from `c`. Every whole free segment of the kind asked for (dense, linked
-  // small, large) moves at once: one device synchronisation for all of them, where one per
-  // segment cost a synchronisation per segment to a thread that moved to a new stream (a
+  // after their last uses (order_after), then the block taken from `c`. Every whole free
+  // segment of the kind asked for (dense, linked small, large) moves at once: one order
+  // (an event, or a device synchronisation) for all of them, where one per segment cost a
+  // synchronisation per segment to a thread that moved to a new stream (a
   // benchmark's repetition, a code that makes a stream per phase). (Taking the victim's
   // spare block records along measured slower: they are cold.) Both caches are locked with
   // try_lock (never blocking while holding one), so this cannot deadlock with lock_all(),
