@@ -662,6 +662,8 @@ struct stat_delta {
   // window then sets no headroom, whose reading of the shared figures under their lock
   // cost more than the single operation it would have spared branches for.
   bool short_window = false;
+  bool opened = false;          // the rooms are set (open_window): publish() clears them
+  std::uint64_t opened_at = 0;  // shared_stats::publishes when they were set
   std::int64_t batch = 0;   // allocator_config::stats_batch: the largest |net| kept
   // The drift checks' bound: batch, or no bound while the delta is kept past it
   // (overdrawn): it is then published by the next other cache that publishes (when its
@@ -858,6 +860,7 @@ struct shared_stats {
   alignas(64) spin_lock mu;
   std::atomic<const stat_delta*> last{nullptr};  // the delta published last (written under mu)
   std::atomic<stat_delta*> overdrawn{nullptr};   // a delta kept past its batch (settle)
+  std::uint64_t publishes = 0;                   // publish() calls so far (under mu)
   std::array<std::atomic<std::int64_t>, 16> value{};  // current figures
   std::array<std::atomic<std::int64_t>, 16> added{};
   std::array<std::atomic<std::int64_t>, 16> peak{};
@@ -897,10 +900,27 @@ struct shared_stats {
     for (unsigned k = 0; k < 3; ++k) raise(cached_peak[k], now[k]);
   }
   // Whether publish() takes a delta's high in: it rose above the headroom its window
-  // started at (stat_delta::room), or no headroom was set.
-  [[gnu::always_inline]] static bool rose(std::int64_t high, std::int64_t room) noexcept
+  // started at (stat_delta::room; 0 when none was set). A high of 0 is the figure the
+  // window started at, not above its peak, so a window of one or two operations (a thread
+  // alternating among streams) takes in only the figures it raised.
+  [[gnu::always_inline]] static bool rose(std::int64_t high, std::int64_t room) noexcept { return high > room; }
+  // Before a delta whose headroom went stale is taken in (another cache published since
+  // its window opened, so a figure may have grown past what the headroom allowed for):
+  // each peak becomes at least the figure the delta leaves, which a high kept under its
+  // stale headroom would not make it (a fresh headroom keeps that figure under the peak).
+  [[gnu::noinline]] void raise_to_figures(const stat_delta& d) noexcept
   {
-    return high > room || room == 0;
+    for (unsigned q = 0; q < q_count; ++q) {
+      raise(peak[q], get(value[q]) + d.net[q]);
+      raise(peak[q + 8], get(value[q + 8]) + d.net[q + 8]);
+      raise(all_peak[q], get(value[q]) + get(value[q + 8]) + d.net[q] + d.net[q + 8]);
+    }
+    const auto now = cached_now();
+    const std::int64_t large = d.net[q_reserved] - d.net[q_allocated];
+    const std::int64_t small = d.net[8 + q_reserved] - d.net[8 + q_allocated];
+    raise(cached_peak[0], now[0] + large);
+    raise(cached_peak[1], now[1] + small);
+    raise(cached_peak[2], now[2] + large + small);
   }
 
   [[nodiscard]] stat load_cell(quantity q, int p) const noexcept
@@ -986,6 +1006,10 @@ struct shared_stats {
     if (dirty == 0) return;
     std::lock_guard g{mu};
     last.store(&d, std::memory_order_relaxed);
+    if (d.opened && d.opened_at != publishes) [[unlikely]] {
+      raise_to_figures(d);
+    }
+    ++publishes;
     if (d.overdrawn()) {
       d.limit = d.batch;
       stat_delta* self = &d;
@@ -1020,12 +1044,15 @@ struct shared_stats {
     // headroom): the next window sets its own (none after a one-operation window).
     d.high = {};
     d.cached_high = {};
-    d.room = {};
-    d.all_room = {};
-    d.cached_room = {};
+    if (d.opened) {  // else every room is 0 still
+      d.room = {};
+      d.all_room = {};
+      d.cached_room = {};
+      d.opened = false;
+    }
     d.dirty = 0;
     d.due = 0;
-    d.short_window = d.ops <= 1;
+    d.short_window = d.ops <= 3;
     d.ops = 0;
   }
 
@@ -1038,6 +1065,8 @@ struct shared_stats {
   void open_window(stat_delta& d) noexcept
   {
     std::lock_guard g{mu};
+    d.opened = true;
+    d.opened_at = publishes;
     auto headroom = [](std::int64_t peak_now, std::int64_t value_now) {
       return std::max<std::int64_t>(peak_now - value_now, 0);
     };
@@ -1095,6 +1124,12 @@ struct stream_cache {
   {
   }
   native_stream stream;
+  // Its stream was closed (stream_registry) and nothing reopened it since (an allocation
+  // here, or a free here on a live stream with the handle): what the cache holds was last
+  // used before `fence`. Reopening waits for the fence on the new stream (one the backend
+  // gave the closed one's handle); a steal waits for it instead of synchronising the
+  // device. Here, on the line of `stream` and the lock's words, which every free reads.
+  bool closed = false;
   cache_mutex mu;
   std::array<free_index, 2> pools;           // free linked blocks: [0] large, [1] small
   small_free_index small;                    // free blocks of dense small segments
@@ -1103,12 +1138,8 @@ struct stream_cache {
   hole_index holes;                          // k_unmapped blocks of its segments, by room
   std::vector<std::pair<std::uintptr_t, small_segment*>> small_dir;  // small segments by address
   std::vector<std::pair<native_event, block_ref>> pending;
-  // Its stream was closed (stream_registry) and nothing reopened it since (an allocation
-  // here, or a free here on a live stream with the handle): what the cache holds was last
-  // used before `fence`, an event at the stream's last work (nullptr: complete). Reopening
-  // waits for it on the new stream (one the backend gave the closed one's handle); a steal
-  // waits for it instead of synchronising the device.
-  bool closed = false;
+  // The fence of a closed cache (see `closed`): an event at its stream's last work (nullptr:
+  // complete).
   native_event fence = nullptr;
   block* spare = nullptr;  // recycled block records, linked through `next`
   // The block records this cache made, k_block_chunk to a heap allocation. A record moves
@@ -1257,11 +1288,18 @@ struct thread_caches {
   // Both kept most recent first (a miss moves its entry to the front, a new one replaces
   // the least recent), so the fast paths read fixed offsets from the thread pointer.
 
-  // Moves a[k] to the front, the ones before it back by one.
+  // Moves a[k] to the front, the ones before it back by one: a plain shift of at most three
+  // entries (std::rotate's general cycle algorithm cost ~70 instructions per operation of a
+  // thread alternating among four streams, where every operation moves an entry).
   template <class A>
   static void to_front(A& a, std::size_t k) noexcept
   {
-    std::rotate(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(k), a.begin() + static_cast<std::ptrdiff_t>(k) + 1);
+    static_assert(std::tuple_size_v<A> == 4);
+    const auto moved = a[k];
+    if (k >= 3) a[3] = a[2];
+    if (k >= 2) a[2] = a[1];
+    if (k >= 1) a[1] = a[0];
+    a[0] = moved;
   }
 };
 // initial-exec: a fixed offset from the thread pointer, where the default model for a shared
@@ -1597,7 +1635,7 @@ struct allocator_core::impl {
   }
 
   // Cuts `b` (not indexed) to `size` when the rest is worth keeping as a free block.
-  void split(stream_cache& c, block* b, std::size_t size)
+  [[gnu::always_inline]] void split(stream_cache& c, block* b, std::size_t size)
   {
     const std::size_t rest = b->size - size;
     const bool worth = b->small ? rest >= k_align
@@ -2035,7 +2073,7 @@ struct allocator_core::impl {
     c.small.insert(link_of(s, u), e);
   }
 
-  void small_unindex(stream_cache& c, small_segment& s, unsigned u) noexcept
+  [[gnu::noinline]] void small_unindex(stream_cache& c, small_segment& s, unsigned u) noexcept
   {
     unit_entry& e = s.units[u];
     c.small.remove(e);

@@ -2062,6 +2062,43 @@ TEST_CASE_TEMPLATE("pool: a cache that drifted past stats_batch alone is publish
   check_invariants(a);
 }
 
+TEST_CASE_TEMPLATE("pool: a window whose headroom went stale still leaves every peak at least its figure", D,
+                   DEPOT_TEST_DEVICES)
+{
+  // Stream 1's cache opens a window with headroom (its peak of 64 MiB over a figure of 0)
+  // and holds a 10 MiB hit unpublished. Another thread's 60 MiB miss on stream 2 publishes
+  // (a new segment) and moves the figure under the headroom. When stream 1's delta is then
+  // taken in, its high (10 MiB, under its 64 MiB headroom) does not move the peak, so the
+  // peak must still become the 70 MiB both blocks make together, not stay at 64 MiB under
+  // the figure.
+  depot::allocator_config cfg = quiet_config<D>();
+  cfg.stats_batch = std::size_t{1} << 40;  // only segments, stream changes and readers publish
+  depot::caching_allocator<D> a{0, cfg};
+  depot::stream<D> s1;
+  depot::stream<D> s2;
+  a.deallocate(a.allocate(64 * MiB, s1), s1);  // the peak: 64 MiB; a 64 MiB segment cached
+  for (int i = 0; i < 2; ++i) a.deallocate(a.allocate(2 * MiB, s1), s1);  // a window of 5 operations
+  {
+    const depot::memory_stats st = a.stats();  // publishes it: the next window sets headroom
+    CHECK(st.allocated_bytes.all.peak == static_cast<std::int64_t>(64 * MiB));
+    CHECK(st.allocated_bytes.all.current == 0);
+  }
+  void* mine = a.allocate(10 * MiB, s1);  // a hit, opens the window
+  void* theirs = nullptr;
+  std::thread{[&] { theirs = a.allocate(60 * MiB, s2); }}.join();  // a miss: published at once
+  const depot::memory_stats st = a.stats();
+  CHECK(st.num_cache_misses == 2);
+  for (const depot::stat_array* q : {&st.allocated_bytes, &st.requested_bytes, &st.active_bytes}) {
+    CHECK(q->all.current == static_cast<std::int64_t>(70 * MiB));
+    CHECK(q->all.peak == static_cast<std::int64_t>(70 * MiB));
+    CHECK(q->large.peak == static_cast<std::int64_t>(70 * MiB));
+  }
+  CHECK(st.num_allocations.all.peak == 2);
+  a.deallocate(theirs, s2);
+  a.deallocate(mine, s1);
+  check_invariants(a);
+}
+
 TEST_CASE_TEMPLATE("pool: a cache that kept its drift checks it again once published", D, DEPOT_TEST_DEVICES)
 {
   // A kept cache stops checking its drift until it is published; publishing must restore
