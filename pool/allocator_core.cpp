@@ -657,10 +657,10 @@ struct stat_delta {
   std::uint32_t dirty = 0;  // op_* bits of the operations since the last publish
   std::uint8_t due = 0;     // due_* bits: publish as the operation ends
   std::uint32_t ops = 0;    // operations since the last publish
-  // The last window held at most one operation (published at its first: a thread that
-  // alternates among streams publishes its last cache's delta at every change): the next
+  // The last window held at most 3 operations (a thread that alternates among streams
+  // publishes its last cache's delta at every change, so its windows hold 1-3): the next
   // window then sets no headroom, whose reading of the shared figures under their lock
-  // cost more than the single operation it would have spared branches for.
+  // cost more than the few operations it would have spared branches for.
   bool short_window = false;
   bool opened = false;          // the rooms are set (open_window): publish() clears them
   std::uint64_t opened_at = 0;  // shared_stats::publishes when they were set
@@ -904,10 +904,11 @@ struct shared_stats {
   // window started at, not above its peak, so a window of one or two operations (a thread
   // alternating among streams) takes in only the figures it raised.
   [[gnu::always_inline]] static bool rose(std::int64_t high, std::int64_t room) noexcept { return high > room; }
-  // Before a delta whose headroom went stale is taken in (another cache published since
-  // its window opened, so a figure may have grown past what the headroom allowed for):
-  // each peak becomes at least the figure the delta leaves, which a high kept under its
-  // stale headroom would not make it (a fresh headroom keeps that figure under the peak).
+  // Before publish() takes in a delta whose window's headroom went stale (another cache
+  // published after the window opened, so the shared figures moved under it): each peak
+  // becomes at least the figure the delta leaves. A high kept under a stale headroom is not
+  // taken in, and the peak could stay below that figure; under a fresh headroom, the
+  // figure is already at most the peak.
   [[gnu::noinline]] void raise_to_figures(const stat_delta& d) noexcept
   {
     for (unsigned q = 0; q < q_count; ++q) {
@@ -1041,7 +1042,7 @@ struct shared_stats {
       }
     }
     // Every cell's high back to 0 (also those not taken in above, which may hold their
-    // headroom): the next window sets its own (none after a one-operation window).
+    // headroom): the next window sets its own (none after a window of at most 3 operations).
     d.high = {};
     d.cached_high = {};
     if (d.opened) {  // else every room is 0 still
