@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #if defined(__linux__)
 #include <linux/futex.h>
@@ -31,6 +33,35 @@ long membarrier(int cmd) noexcept { return syscall(SYS_membarrier, cmd, 0U, 0); 
 #endif
 
 std::atomic<std::uint64_t> barriers_issued{0};
+
+// The names of the threads that took a shared word and have not exited (biased_mutex::id_),
+// so a bias whose owner has exited can be made to another thread. Never destroyed: a thread
+// may exit after the statics are gone.
+struct live_ids {
+  std::mutex mu;
+  std::vector<std::uintptr_t> ids;
+};
+live_ids& live() noexcept
+{
+  static auto* const l = new live_ids;
+  return *l;
+}
+std::atomic<std::uintptr_t> next_id{2};
+// Takes the thread's name off the list as it exits.
+struct id_guard {
+  std::uintptr_t id = 0;
+  id_guard() = default;
+  id_guard(const id_guard&) = delete;
+  id_guard& operator=(const id_guard&) = delete;
+  ~id_guard()
+  {
+    if (id == 0) return;
+    live_ids& l = live();
+    std::lock_guard g{l.mu};
+    std::erase(l.ids, id);
+  }
+};
+thread_local id_guard tl_id_guard;  // touched only by assign_id()
 
 // A full memory barrier on every running thread of this process (the revoker's side of
 // the biased entry's Dekker pairing).
@@ -199,6 +230,29 @@ bool biased_mutex::wait_out(bool wait) noexcept
   }
 }
 
+// The calling thread's name, listed as live until it exits. Without memory for the list,
+// it keeps k_no_id and is never biased.
+void biased_mutex::assign_id() noexcept
+{
+  const std::uintptr_t id = next_id.fetch_add(1, std::memory_order_relaxed);
+  try {
+    live_ids& l = live();
+    std::lock_guard g{l.mu};
+    l.ids.push_back(id);
+  } catch (...) {
+    return;
+  }
+  tl_id_guard.id = id;
+  id_ = id;
+}
+
+bool biased_mutex::alive(const void* id) noexcept
+{
+  live_ids& l = live();
+  std::lock_guard g{l.mu};
+  return std::find(l.ids.begin(), l.ids.end(), reinterpret_cast<std::uintptr_t>(id)) != l.ids.end();
+}
+
 // Caller holds the shared word after a run of takes by this thread.
 void biased_mutex::make_biased() noexcept
 {
@@ -206,6 +260,15 @@ void biased_mutex::make_biased() noexcept
   if (!supported()) {
     biasable_ = false;
     return;
+  }
+  if (id_ == k_no_id) return;
+  if (owner_ != self()) {
+    // Another owner, still running: not this thread (see owner_), and not asked again soon.
+    if (owner_ != nullptr && alive(owner_)) {
+      need_ = std::min(need_ * 2, k_max_run);
+      return;
+    }
+    owner_ = self();
   }
   biased_at_ns_ = now_ns();
   bias_.store(self(), std::memory_order_relaxed);  // seen by others through state_'s release

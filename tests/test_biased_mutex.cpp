@@ -98,6 +98,43 @@ TEST_CASE("pool: biased lock: a bias that lasted long enough is made again after
   CHECK(m.biased_to_me() == biased_mutex::supported());
 }
 
+TEST_CASE("pool: biased lock: the bias goes only to its first thread while that thread runs")
+{
+  // A thread whose biased entry read the bias as its own just before a revocation stores
+  // the busy flag after it, then clears it as it backs off. Had the bias been made to
+  // another thread meanwhile, that clear would let a taker in beside the new holder; so a
+  // bias goes only to the first thread it went to, until that thread exits (threads are
+  // named by numbers never reused, so a later thread cannot pass for it).
+  const bool supported = biased_mutex::supported();
+  biased_mutex m{true, 0};  // every bias pays for its revocation: runs restart at k_first_run
+  take_run(m, biased_mutex::k_first_run);
+  CHECK(m.biased_to_me() == supported);
+  bool other_biased = true;
+  std::thread([&] {
+    take_run(m, 20 * biased_mutex::k_first_run);  // revokes this thread's bias, then runs
+    other_biased = m.biased_to_me();
+  }).join();
+  CHECK_FALSE(other_biased);
+  CHECK_FALSE(m.biased_to_me());
+  take_run(m, 40 * biased_mutex::k_first_run);  // the owner runs again (the refusals doubled the run)
+  CHECK(m.biased_to_me() == supported);
+
+  // The owner has exited: the next thread to run on it owns it.
+  biased_mutex n{true, 0};
+  bool first = false;
+  std::thread([&] {
+    take_run(n, biased_mutex::k_first_run);
+    first = n.biased_to_me();
+  }).join();
+  CHECK(first == supported);
+  bool second = false;
+  std::thread([&] {
+    take_run(n, biased_mutex::k_first_run + 1);  // its first take revokes the dead owner's bias
+    second = n.biased_to_me();
+  }).join();
+  CHECK(second == supported);
+}
+
 TEST_CASE("pool: biased lock: a biased holder inside keeps every other taker out until it leaves")
 {
   biased_mutex m;

@@ -10,7 +10,8 @@ namespace depot::detail {
 
 // A mutex for data that one thread uses nearly always (a stream's cache, used by the thread
 // that runs the stream). Taken `run` times in a row by one thread, it is biased to that
-// thread, which then takes and gives it back with plain stores and loads: no atomic
+// thread (only ever the first thread it was biased to, while that thread lives: owner_),
+// which then takes and gives it back with plain stores and loads: no atomic
 // read-modify-write, no fence (a locked instruction costs ~20 cycles on recent Xeons).
 // Any other taker first revokes the bias: one process-wide barrier (Linux membarrier(2),
 // microseconds), then it waits until the biased holder is out. A revocation less than 1 ms
@@ -77,7 +78,7 @@ class biased_mutex {
   static constexpr std::int64_t k_paid_off_ns = 1'000'000;  // a bias that lasted this long paid for its barrier
 
  private:
-  static const void* self() noexcept { return &token_; }
+  static const void* self() noexcept { return reinterpret_cast<const void*>(id_); }
   // Enters as the biased holder when biased to the calling thread, else returns false.
   // Dekker's entry with a one-sided fence: the revoker's barrier orders this thread's store
   // of busy_ before its load of bias_ (or the revoker sees busy_ set).
@@ -106,6 +107,9 @@ class biased_mutex {
   void count_run() noexcept
   {
     if (!biasable_) return;
+    if (id_ == k_no_id) [[unlikely]] {
+      assign_id();
+    }
     if (last_ == self()) {
       if (++run_ >= need_) [[unlikely]] {
         make_biased();
@@ -137,12 +141,18 @@ class biased_mutex {
   void note_revoked() noexcept;
   bool wait_out(bool wait) noexcept;
   [[gnu::noinline]] void make_biased() noexcept;
+  [[gnu::noinline]] static void assign_id() noexcept;
+  static bool alive(const void* id) noexcept;
   static void sleep_while(std::atomic<int>& word, int value) noexcept;
   static void wake(std::atomic<int>& word) noexcept;
 
-  // The address of a thread's token names the thread (initial-exec: a fixed offset from the
-  // thread pointer, no call).
-  [[gnu::tls_model("initial-exec")]] static inline thread_local constinit char token_ = 0;
+  // A thread's name in bias_, owner_ and last_: a number no other thread of the process is
+  // ever given (a thread's TLS address is reused by later threads, and a later thread with
+  // the name of an owner that has exited must not pass for it), assigned at its first take
+  // of a shared word; k_no_id until then (never a bias: make_biased assigns first).
+  // initial-exec: a fixed offset from the thread pointer, no call.
+  static constexpr std::uintptr_t k_no_id = 1;
+  [[gnu::tls_model("initial-exec")]] static inline thread_local constinit std::uintptr_t id_ = k_no_id;
 
   std::atomic<const void*> bias_{nullptr};  // the thread it is biased to, or null
   std::atomic<int> busy_{0};                // 1 while the biased thread is inside (or entering)
@@ -156,6 +166,13 @@ class biased_mutex {
   std::uint8_t many_ = 0;
   bool biasable_;
   const void* last_ = nullptr;   // the last thread that took the shared word
+  // The only thread the bias is ever made to while that thread lives: the first one it was
+  // made to. A thread whose biased entry read the bias as its own just before a revocation
+  // stores the busy flag after the revocation, sees the bias gone and clears the flag again
+  // as it backs off: were the bias by then made to another thread, which set the flag and
+  // is inside, that clear would let a taker in beside it (found by TSan on the four-thread
+  // test). With one owner, the late entrant and the new holder are the same thread.
+  const void* owner_ = nullptr;
   std::uint32_t run_ = 0;        // its takes in a row
   std::uint32_t need_ = k_first_run;
   std::int64_t paid_off_ns_;
