@@ -149,7 +149,7 @@ class biased_mutex {
   // A thread's name in bias_, owner_ and last_: a number no other thread of the process is
   // ever given (a thread's TLS address is reused by later threads, and a later thread with
   // the name of an owner that has exited must not pass for it), assigned at its first take
-  // of a shared word; k_no_id until then (never a bias: make_biased assigns first).
+  // of a shared word (count_run); k_no_id until then, never a bias (make_biased refuses it).
   // initial-exec: a fixed offset from the thread pointer, no call.
   static constexpr std::uintptr_t k_no_id = 1;
   [[gnu::tls_model("initial-exec")]] static inline thread_local constinit std::uintptr_t id_ = k_no_id;
