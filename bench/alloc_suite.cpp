@@ -332,6 +332,15 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
                         {"interleaved", true},
                         {"pinned", opts.alloc_pin},
                         {"ratio_to_depot", us / depot_us}});
+        if (a.name == "depot" && depot_pool) {
+          // What depot's speed cost in memory, over the warm-up and the timed runs: the
+          // peak reserved bytes and the misses (new memory, or another stream's taken over).
+          const memory_stats st = depot_pool->stats();
+          rows.back()["reserved_peak_bytes"] = st.reserved_bytes.all.peak;
+          rows.back()["allocated_peak_bytes"] = st.allocated_bytes.all.peak;
+          rows.back()["cache_misses"] = st.num_cache_misses;
+          rows.back()["segments_peak"] = st.num_segments.all.peak;
+        }
       }
       std::printf("\n");
     }

@@ -174,6 +174,14 @@ allocator_config allocator_config::parse(std::string_view text)
       const auto v = parse_unsigned(key, value, range);
       if (v > (1ULL << 20)) bad(key, value, range);
       c.max_non_split_rounding = static_cast<std::size_t>(v) * mib;
+    } else if (key == "steal_threshold") {
+      c.steal_threshold = value == "unlimited" ? unlimited
+                                               : parse_bytes(key, value, "a size in [0, 2^50 bytes] or unlimited, e.g. 4GiB");
+    } else if (key == "steal_threshold_mb") {
+      constexpr std::string_view range = "an integer number of MiB in [0, 2^30]";
+      const auto v = parse_unsigned(key, value, range);
+      if (v > (1ULL << 30)) bad(key, value, range);
+      c.steal_threshold = static_cast<std::size_t>(v) * mib;
     } else if (key == "release_threshold") {
       c.release_threshold = parse_bytes(key, value, "a size in [0, 2^50 bytes], e.g. 1GiB");
     } else if (key == "roundup_power2_divisions" && !value.empty() && value.front() == '[') {
@@ -219,7 +227,8 @@ allocator_config allocator_config::parse(std::string_view text)
           "depot: DEPOT_ALLOC_CONF: unknown key '" + std::string{key} +
           "'; known keys: max_split_size (or max_split_size_mb), max_non_split_rounding (or "
           "max_non_split_rounding_mb), roundup_power2_divisions, "
-          "garbage_collection_threshold, release_threshold (or release_threshold_mb), "
+          "garbage_collection_threshold, release_threshold (or release_threshold_mb), steal_threshold (or "
+          "steal_threshold_mb), "
           "per_process_memory_fraction, trace_capacity, stats_batch, expandable_segments, biased_locks");
     }
   }
@@ -269,6 +278,9 @@ void allocator_config::validate() const
   if (trace_capacity > (std::size_t{1} << 26)) {
     fail("trace_capacity", std::to_string(trace_capacity), "a number of events in [0, 2^26]");
   }
+  if (steal_threshold > (std::size_t{1} << 50) && steal_threshold != unlimited) {
+    fail("steal_threshold", std::to_string(steal_threshold) + " bytes", "a size in [0, 2^50 bytes], or SIZE_MAX (unlimited)");
+  }
   if (stats_batch > (std::size_t{1} << 40)) {
     fail("stats_batch", std::to_string(stats_batch) + " bytes", "a size in [0, 1 TiB]");
   }
@@ -304,6 +316,9 @@ std::string allocator_config::to_string() const
     add("garbage_collection_threshold:" + std::to_string(garbage_collection_threshold));
   if (release_threshold != unlimited)
     add("release_threshold:" + std::to_string(release_threshold));
+  if (steal_threshold != 0) {
+    add("steal_threshold:" + (steal_threshold == unlimited ? std::string{"unlimited"} : std::to_string(steal_threshold)));
+  }
   if (per_process_memory_fraction != 1.0)
     add("per_process_memory_fraction:" + std::to_string(per_process_memory_fraction));
   if (trace_capacity != 0) add("trace_capacity:" + std::to_string(trace_capacity));

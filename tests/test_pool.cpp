@@ -2304,43 +2304,45 @@ TEST_CASE("pool: streams that come and go on four threads are ordered by events,
 }
 
 // A stream that finds no fitting block takes over every whole free segment of the pool it
-// asks for from another stream's cache at once (one wait for the device, not one per segment).
-TEST_CASE_TEMPLATE("pool: a new stream takes over all of another stream's whole free segments", D,
+// asks for from a destroyed stream's cache at once (one wait, not one per segment), and
+// one from a live stream's cache: the smallest that fits (taking all made streams that
+// alternate take them back and forth).
+TEST_CASE_TEMPLATE("pool: a new stream takes over all of a destroyed stream's whole free segments", D,
                    DEPOT_TEST_DEVICES)
 {
   depot::caching_allocator<D> a{0, quiet_config<D>()};
-  depot::stream<D> s1;
-  depot::stream<D> s2;
-  const auto on = [&](const depot::stream<D>& s, bool small_pool) {
+  auto s1 = std::make_unique<depot::stream<D>>();
+  const auto old = reinterpret_cast<std::uintptr_t>(s1->native());
+  depot::stream<D> s2;  // made first, so it cannot get s1's handle
+  const auto on = [&](std::uintptr_t h, bool small_pool) {
     std::size_t n = 0;
-    for (const auto& seg : a.snapshot().segments) {
-      const bool here = seg.stream == reinterpret_cast<std::uintptr_t>(s.native());
-      n += here && seg.small_pool == small_pool ? 1 : 0;
-    }
+    for (const auto& seg : a.snapshot().segments) n += seg.stream == h && seg.small_pool == small_pool ? 1 : 0;
     return n;
   };
+  const auto s2h = reinterpret_cast<std::uintptr_t>(s2.native());
   std::vector<void*> dense;   // 60 KiB: dense small segments, 34 to a segment
   std::vector<void*> linked;  // 700 KiB: linked small segments, 2 to a segment
-  for (int i = 0; i < 100; ++i) dense.push_back(a.allocate(60 * KiB, s1));
-  for (int i = 0; i < 6; ++i) linked.push_back(a.allocate(700 * KiB, s1));
-  void* keep = a.allocate(4 * KiB, s1);  // its segment is not whole free: it stays on s1
-  for (void* p : dense) a.deallocate(p, s1);
-  for (void* p : linked) a.deallocate(p, s1);
-  s1.synchronize();
+  for (int i = 0; i < 100; ++i) dense.push_back(a.allocate(60 * KiB, *s1));
+  for (int i = 0; i < 6; ++i) linked.push_back(a.allocate(700 * KiB, *s1));
+  void* keep = a.allocate(4 * KiB, *s1);  // its segment is not whole free: it stays
+  for (void* p : dense) a.deallocate(p, *s1);
+  for (void* p : linked) a.deallocate(p, *s1);
+  s1->synchronize();
+  s1.reset();  // destroyed: its cache is closed, with a fence
   const auto before = a.stats();
-  const std::size_t small_on_s1 = on(s1, true);
+  const std::size_t small_on_s1 = on(old, true);
   REQUIRE(small_on_s1 >= 3 + 3);  // >= 3 dense and 3 linked segments
-  CHECK(on(s2, true) == 0);
+  CHECK(on(s2h, true) == 0);
 
   void* d = a.allocate(8 * KiB, s2);  // dense: every whole free dense segment moves
   check_invariants(a);
-  const std::size_t moved_dense = on(s2, true);
+  const std::size_t moved_dense = on(s2h, true);
   CHECK(moved_dense >= 2);  // the 100 blocks spanned at least 3 segments, one keeps `keep`
-  CHECK(on(s1, true) == small_on_s1 - moved_dense);
+  CHECK(on(old, true) == small_on_s1 - moved_dense);
   void* l = a.allocate(700 * KiB, s2);  // linked small: the 3 linked segments move
   check_invariants(a);
-  CHECK(on(s2, true) == moved_dense + 3);
-  CHECK(on(s1, true) == small_on_s1 - moved_dense - 3);
+  CHECK(on(s2h, true) == moved_dense + 3);
+  CHECK(on(old, true) == small_on_s1 - moved_dense - 3);
   const auto after = a.stats();
   CHECK(after.reserved_bytes.all.current == before.reserved_bytes.all.current);  // no growth
   CHECK(after.num_segments.all.current == before.num_segments.all.current);
@@ -2350,10 +2352,145 @@ TEST_CASE_TEMPLATE("pool: a new stream takes over all of another stream's whole 
   for (std::size_t i = 100; i < dense.size(); ++i) a.deallocate(dense[i], s2);
   a.deallocate(d, s2);
   a.deallocate(l, s2);
-  a.deallocate(keep, s1);
+  a.deallocate(keep, s2);  // freed on a live stream: its cache is that stream's now
   check_invariants(a);
   a.empty_cache();
   CHECK(a.stats().reserved_bytes.all.current == 0);
+}
+
+TEST_CASE_TEMPLATE("pool: a live stream's cache gives one whole free segment, the smallest that fits", D,
+                   DEPOT_TEST_DEVICES)
+{
+  depot::caching_allocator<D> a{0, quiet_config<D>()};  // steal_threshold 0: before growing
+  depot::stream<D> s1;
+  depot::stream<D> s2;
+  const auto s1h = reinterpret_cast<std::uintptr_t>(s1.native());
+  const auto s2h = reinterpret_cast<std::uintptr_t>(s2.native());
+  const auto sizes_on = [&](std::uintptr_t h, bool small_pool) {
+    std::vector<std::size_t> v;
+    for (const auto& seg : a.snapshot().segments) {
+      if (seg.stream == h && seg.small_pool == small_pool) v.push_back(seg.size);
+    }
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  // Large segments of 30, 50 and 40 MiB (each request its own segment), all freed.
+  std::vector<void*> big;
+  for (const std::size_t m : {30, 50, 40}) big.push_back(a.allocate(m * MiB, s1));
+  for (void* p : big) a.deallocate(p, s1);
+  // Three dense small segments, whole free.
+  std::vector<void*> dense;
+  for (int i = 0; i < 3 * 34; ++i) dense.push_back(a.allocate(60 * KiB, s1));
+  for (void* p : dense) a.deallocate(p, s1);
+  const std::size_t dense_on_s1 = sizes_on(s1h, true).size();
+  REQUIRE(dense_on_s1 >= 3);
+  REQUIRE(sizes_on(s1h, false) == std::vector<std::size_t>{30 * MiB, 40 * MiB, 50 * MiB});
+  const auto before = a.stats();
+
+  void* y = a.allocate(35 * MiB, s2);  // 40 MiB is the smallest that fits: only it moves
+  CHECK(sizes_on(s2h, false) == std::vector<std::size_t>{40 * MiB});
+  CHECK(sizes_on(s1h, false) == std::vector<std::size_t>{30 * MiB, 50 * MiB});
+  void* d = a.allocate(8 * KiB, s2);  // one dense segment moves
+  CHECK(sizes_on(s2h, true).size() == 1);
+  CHECK(sizes_on(s1h, true).size() == dense_on_s1 - 1);
+  const auto after = a.stats();
+  CHECK(after.reserved_bytes.all.current == before.reserved_bytes.all.current);  // no growth
+  CHECK(after.num_cache_misses == before.num_cache_misses + 2);
+  check_invariants(a);
+  // None of s1's fits 60 MiB: s2 grows.
+  void* z = a.allocate(60 * MiB, s2);
+  CHECK(sizes_on(s1h, false) == std::vector<std::size_t>{30 * MiB, 50 * MiB});
+  CHECK(a.stats().reserved_bytes.all.current == before.reserved_bytes.all.current + static_cast<std::int64_t>(60 * MiB));
+  a.deallocate(y, s2);
+  a.deallocate(d, s2);
+  a.deallocate(z, s2);
+  check_invariants(a);
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+}
+
+// When a stream's cache has no fitting block: destroyed streams' whole free segments are
+// taken over first; a live stream's where steal_threshold says so (growing would pass it;
+// 0, the default: always), else the allocator grows (no wait on another stream's work)
+// and takes one over when growing is refused, before it releases its cache (no retry).
+TEST_CASE_TEMPLATE("pool: a miss grows before it takes over a live stream's segments, unless steal_threshold", D,
+                   DEPOT_TEST_DEVICES)
+{
+  const std::size_t n = 24 * MiB;  // one 24 MiB segment each
+  const auto stream_of = [](depot::caching_allocator<D>& a, void* p) {
+    for (const auto& seg : a.snapshot().segments) {
+      if (seg.address == reinterpret_cast<std::uintptr_t>(p)) return seg.stream;
+    }
+    return std::uintptr_t{0};
+  };
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  SUBCASE("unlimited: grows while the upstream gives, then takes over a live stream's segment") {
+    depot::allocator_config cfg = quiet_config<D>();
+    cfg.steal_threshold = std::numeric_limits<std::size_t>::max();
+    depot::caching_allocator<D> a{std::make_unique<limiting_upstream<D>>(3 * n - 1, counters), cfg};
+    depot::stream<D> s1;
+    depot::stream<D> s2;
+    depot::stream<D> s3;
+    void* x = a.allocate(n, s1);
+    a.deallocate(x, s1);
+    void* y = a.allocate(n, s2);  // s1 is live: a new segment
+    CHECK(y != x);
+    CHECK(stream_of(a, x) == reinterpret_cast<std::uintptr_t>(s1.native()));
+    auto st = a.stats();
+    CHECK(st.reserved_bytes.all.current == static_cast<std::int64_t>(2 * n));
+    CHECK(st.num_cache_misses == 2);
+    CHECK(counters->failures.load() == 0);
+    // A third segment passes the upstream's limit: s1's free one moves to s3.
+    void* z = a.allocate(n, s3);
+    CHECK(z == x);
+    CHECK(stream_of(a, z) == reinterpret_cast<std::uintptr_t>(s3.native()));
+    st = a.stats();
+    CHECK(counters->failures.load() == 1);
+    CHECK(st.num_alloc_retries == 0);  // taken over before the cache is released
+    CHECK(st.num_ooms == 0);
+    CHECK(st.reserved_bytes.all.current == static_cast<std::int64_t>(2 * n));
+    check_invariants(a);
+    a.deallocate(y, s2);
+    a.deallocate(z, s3);
+  }
+  SUBCASE("steal_threshold: past it, a live stream's segment moves before growing") {
+    for (const std::size_t threshold : {std::size_t{0}, n, 2 * n - 1, 2 * n, std::size_t{1} << 50}) {
+      CAPTURE(threshold);
+      depot::allocator_config cfg = quiet_config<D>();
+      CHECK(cfg.steal_threshold == 0);  // the default
+      cfg.steal_threshold = threshold;
+      depot::caching_allocator<D> a{std::make_unique<limiting_upstream<D>>(std::size_t{1} << 40, counters), cfg};
+      depot::stream<D> s1;
+      depot::stream<D> s2;
+      void* x = a.allocate(n, s1);  // nothing to take over: grows
+      a.deallocate(x, s1);
+      void* y = a.allocate(n, s2);  // 24 MiB reserved: growing makes 48 MiB
+      const bool stolen = threshold < 2 * n;
+      CHECK((y == x) == stolen);
+      CHECK(a.stats().reserved_bytes.all.current == static_cast<std::int64_t>(stolen ? n : 2 * n));
+      CHECK(stream_of(a, x) == reinterpret_cast<std::uintptr_t>((stolen ? s2 : s1).native()));
+      check_invariants(a);
+      a.deallocate(y, s2);
+    }
+  }
+  SUBCASE("a destroyed stream's segment moves first, whatever the threshold") {
+    depot::allocator_config cfg = quiet_config<D>();
+    cfg.steal_threshold = std::numeric_limits<std::size_t>::max();
+    depot::caching_allocator<D> a{std::make_unique<limiting_upstream<D>>(std::size_t{1} << 40, counters), cfg};
+    void* x = nullptr;
+    {
+      depot::stream<D> gone;
+      x = a.allocate(n, gone);
+      a.deallocate(x, gone);
+    }
+    depot::stream<D> s2;
+    void* y = a.allocate(n, s2);
+    CHECK(y == x);
+    CHECK(a.stats().reserved_bytes.all.current == static_cast<std::int64_t>(n));
+    CHECK(stream_of(a, y) == reinterpret_cast<std::uintptr_t>(s2.native()));
+    a.deallocate(y, s2);
+  }
+  CHECK(counters->outstanding.load() == 0);
 }
 
 // A steal from another stream's cache orders the thief's stream after the victim's by an
@@ -2361,11 +2498,14 @@ TEST_CASE_TEMPLATE("pool: a new stream takes over all of another stream's whole 
 // stream_registry), and only for a raw handle by synchronising the device. A closed
 // stream's cache keeps a fence event: a steal, or a new stream that reuses the handle,
 // waits for that event. The event calls are counted on an asynchronous backend on the CPU.
+// steal_threshold 0: live streams' segments are taken over before growing.
 TEST_CASE("pool: steals and reused handles are ordered by events where the stream's lifetime is known")
 {
   auto ev = std::make_shared<manual_event_upstream::state>();
-  auto a = std::make_unique<depot::detail::allocator_core>(std::make_unique<manual_event_upstream>(ev),
-                                                           quiet_config<depot::host>(), /*asynchronous=*/true);
+  depot::allocator_config cfg = quiet_config<depot::host>();
+  cfg.steal_threshold = 0;
+  auto a = std::make_unique<depot::detail::allocator_core>(std::make_unique<manual_event_upstream>(ev), cfg,
+                                                           /*asynchronous=*/true);
   const depot::device_id dev{depot::device_kind::host, 0};
   const std::size_t n = 8 * MiB;
   const auto addr = [](auto p) { return reinterpret_cast<std::uintptr_t>(p); };
@@ -2551,11 +2691,14 @@ TEST_CASE("pool: steals and reused handles are ordered by events where the strea
 // The same orders on the device: the victim stream's last work on a block is slow (queued
 // behind large fills), the thief writes the block at once. Without an order the victim's
 // late fill would overwrite the thief's. Each way a block can change streams: a steal from
-// a live stream, a steal from a destroyed one, and a new stream (maybe with the old handle).
+// a live stream (steal_threshold 0), a steal from a destroyed one, and a new stream (maybe
+// with the old handle).
 TEST_CASE_TEMPLATE("pool: a block that changes streams is written after the last stream's work", D,
                    DEPOT_TEST_DEVICES)
 {
-  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  depot::allocator_config cfg = quiet_config<D>();
+  cfg.steal_threshold = 0;
+  depot::caching_allocator<D> a{0, cfg};
   const std::size_t busy_n = depot::is_gpu_v<D> ? std::size_t{1} << 30 : 1 * MiB;
   const std::size_t n = 64 * MiB;
   std::mt19937_64 rng{depot::test::seed("pool block changes streams", 7)};
@@ -2985,6 +3128,16 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
   CHECK(allocator_config::parse("max_split_size:1048576").max_split_size == MiB);
   CHECK(allocator_config::parse("release_threshold:0").release_threshold == 0);
   CHECK(allocator_config::parse("release_threshold:64KiB").release_threshold == 65536);
+  CHECK(c.steal_threshold == 0);  // the default: take another live stream's segment first
+  CHECK(allocator_config::parse("steal_threshold:unlimited").steal_threshold == std::numeric_limits<std::size_t>::max());
+  CHECK(allocator_config::parse(allocator_config::parse("steal_threshold:unlimited").to_string()).steal_threshold ==
+        std::numeric_limits<std::size_t>::max());
+  CHECK(allocator_config::parse("steal_threshold:0").steal_threshold == 0);
+  CHECK(allocator_config::parse("steal_threshold:4GiB").steal_threshold == 4096 * MiB);
+  CHECK(allocator_config::parse("steal_threshold_mb:512").steal_threshold == 512 * MiB);
+  CHECK(allocator_config::parse(allocator_config::parse("steal_threshold:65537").to_string()).steal_threshold == 65537);
+  CHECK(allocator_config::parse(allocator_config::parse("steal_threshold:0").to_string()).steal_threshold == 0);
+  CHECK_FALSE(contains(allocator_config{}.to_string(), "steal_threshold"));
   CHECK_FALSE(c.expandable_segments);  // the default
   CHECK(allocator_config::parse("expandable_segments:true").expandable_segments);
   CHECK(allocator_config::parse("expandable_segments:True").expandable_segments);
@@ -3064,6 +3217,12 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
       {"max_split_size:1KiB", "[1MiB"},
       {"max_split_size:99999999TiB", "max_split_size"},
       {"release_threshold:lots", "release_threshold"},
+      {"steal_threshold:lots", "steal_threshold"},
+      {"steal_threshold:2048TiB", "[0, 2^50 bytes] or unlimited"},
+      {"steal_threshold:Unlimited", "steal_threshold"},
+      {"steal_threshold:-1", "steal_threshold"},
+      {"steal_threshold_mb:1.5", "steal_threshold_mb"},
+      {"steal_threshold_mb:2000000000", "[0, 2^30]"},
       {"stats_batch:2TiB", "[0, 1TiB]"},
       {"stats_batch:-1", "stats_batch"},
       {"stats_batch:16MB", "e.g. 16MiB"},
@@ -3204,6 +3363,7 @@ TEST_CASE_TEMPLATE("pool: a config built in code is checked like a parsed one", 
       {[](cfg_t& c) { c.trace_capacity = (std::size_t{1} << 26) + 1; }, "trace_capacity is 67108865"},
       {[](cfg_t& c) { c.max_non_split_rounding = (std::size_t{1} << 40) + 1; }, "max_non_split_rounding is 1099511627777 bytes"},
       {[](cfg_t& c) { c.stats_batch = (std::size_t{1} << 40) + 1; }, "stats_batch is 1099511627777 bytes"},
+      {[](cfg_t& c) { c.steal_threshold = (std::size_t{1} << 50) + 1; }, "steal_threshold is 1125899906842625 bytes"},
   };
   for (const auto& [spoil, expect] : bad) {
     CAPTURE(expect);
@@ -3939,6 +4099,7 @@ TEST_CASE_TEMPLATE("pool: expandable segments move between streams and obey rele
   {
     depot::allocator_config cfg = expandable_config<D>();
     cfg.release_threshold = 8 * MiB;
+    cfg.steal_threshold = 0;  // s1 is live: its free segment moves before s2 grows
     depot::caching_allocator<D> a{std::make_unique<limiting_upstream<D>>(std::size_t{1} << 40, counters), cfg};
     depot::stream<D> s1;
     depot::stream<D> s2;
