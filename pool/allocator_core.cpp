@@ -2374,8 +2374,8 @@ struct allocator_core::impl {
   // them, where one per segment cost a synchronisation per segment to a thread that moved
   // to a new stream (a benchmark's repetition, a code that makes a stream per phase). From a
   // live stream's cache one moves, the smallest that fits (a dense one: any): taking all
-  // made one thread alternating among 4 streams take memory over at 10 % of its
-  // allocations at requests to 64 MiB, back and forth; one, at 0.5 %. (Taking the victim's
+  // made one thread alternating among 4 streams take memory over at 9.6 % of its
+  // allocations at requests to 64 MiB, back and forth; one, at 2.1 %. (Taking the victim's
   // spare block records along measured slower: they are cold.) Both caches are locked with
   // try_lock (never blocking while holding one), so this cannot deadlock with lock_all(),
   // and a segment is never in neither cache. `live`: from every other cache; else only from
