@@ -141,8 +141,8 @@ bool biased_mutex::try_lock_impl(bool may_revoke) noexcept
   if (enter_if_biased()) return true;
   int expected = 0;
   if (!state_.compare_exchange_strong(expected, 1, std::memory_order_acquire)) return false;
-  if (bias_.load(std::memory_order_relaxed) != nullptr || busy_.load(std::memory_order_acquire) != 0) {
-    if ((!may_revoke && bias_.load(std::memory_order_relaxed) != nullptr) || !clear_bias(false)) {
+  if (bias_.load(std::memory_order_relaxed) != k_nobody || busy_.load(std::memory_order_acquire) != 0) {
+    if ((!may_revoke && bias_.load(std::memory_order_relaxed) != k_nobody) || !clear_bias(false)) {
       release_word();  // not unlock(): biased_inside_ is the biased holder's now
       return false;
     }
@@ -197,8 +197,8 @@ bool biased_mutex::clear_bias(bool wait) noexcept
 // there was one.
 bool biased_mutex::drop_bias() noexcept
 {
-  if (bias_.load(std::memory_order_relaxed) == nullptr) return false;
-  bias_.store(nullptr, std::memory_order_relaxed);
+  if (bias_.load(std::memory_order_relaxed) == k_nobody) return false;
+  bias_.store(k_nobody, std::memory_order_relaxed);
   return true;
 }
 
@@ -206,7 +206,7 @@ bool biased_mutex::drop_bias() noexcept
 void biased_mutex::note_revoked() noexcept
 {
   ++revocations_;
-  last_ = nullptr;
+  last_ = k_nobody;
   run_ = 0;
   // A bias revoked soon after it was made is not made again so soon.
   need_ = now_ns() - biased_at_ns_ >= paid_off_ns_ ? k_first_run : std::min(need_ * 2, k_max_run);
@@ -246,11 +246,11 @@ void biased_mutex::assign_id() noexcept
   id_ = id;
 }
 
-bool biased_mutex::alive(const void* id) noexcept
+bool biased_mutex::alive(std::uintptr_t id) noexcept
 {
   live_ids& l = live();
   std::lock_guard g{l.mu};
-  return std::find(l.ids.begin(), l.ids.end(), reinterpret_cast<std::uintptr_t>(id)) != l.ids.end();
+  return std::find(l.ids.begin(), l.ids.end(), id) != l.ids.end();
 }
 
 // Caller holds the shared word after a run of takes by this thread.
@@ -262,16 +262,16 @@ void biased_mutex::make_biased() noexcept
     return;
   }
   if (id_ == k_no_id) return;
-  if (owner_ != self()) {
+  if (owner_ != id_) {
     // Another owner, still running: not this thread (see owner_), and not asked again soon.
-    if (owner_ != nullptr && alive(owner_)) {
+    if (owner_ != k_nobody && alive(owner_)) {
       need_ = std::min(need_ * 2, k_max_run);
       return;
     }
-    owner_ = self();
+    owner_ = id_;
   }
   biased_at_ns_ = now_ns();
-  bias_.store(self(), std::memory_order_relaxed);  // seen by others through state_'s release
+  bias_.store(id_, std::memory_order_relaxed);  // seen by others through state_'s release
 }
 
 // Returns when woken, when the word no longer holds `value` (checked by the kernel as it

@@ -4143,6 +4143,51 @@ TEST_CASE_TEMPLATE("pool: expandable segments move between streams and obey rele
   CHECK(counters->outstanding.load() == 0);
 }
 
+// steal_threshold unlimited with expandable segments: a miss maps pages into its own
+// stream's range first, and only when mapping is refused takes over a live stream's whole
+// free range (before releasing the cache: no retry counted).
+TEST_CASE_TEMPLATE("pool: expandable segments grow first under steal_threshold unlimited, then take a live range", D,
+                   DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  {
+    depot::allocator_config cfg = expandable_config<D>();
+    cfg.steal_threshold = std::numeric_limits<std::size_t>::max();
+    depot::caching_allocator<D> a{std::make_unique<limiting_upstream<D>>(40 * MiB, counters), cfg};
+    REQUIRE(a.expandable_page() == 2 * MiB);
+    depot::stream<D> s1;
+    depot::stream<D> s2;
+    void* x = a.allocate(24 * MiB, s1);
+    a.deallocate(x, s1);  // s1's range: 24 MiB mapped, whole free
+    void* y = a.allocate(12 * MiB, s2);  // s1 is live: s2 reserves its own range and maps 12 MiB
+    CHECK(counters->reservations.load() == 2);
+    CHECK(a.stats().reserved_bytes.all.current == static_cast<std::int64_t>(36 * MiB));
+    const auto in_x = [&](void* p) {
+      const auto v = reinterpret_cast<std::uintptr_t>(p);
+      const auto lo = reinterpret_cast<std::uintptr_t>(x);
+      return v >= lo && v < lo + 24 * MiB;
+    };
+    CHECK_FALSE(in_x(y));
+    void* z = a.allocate(12 * MiB, s2);  // 12 MiB more would pass the upstream's 40: s1's range moves
+    CHECK(in_x(z));
+    const depot::memory_stats st = a.stats();
+    CHECK(counters->failures.load() >= 1);
+    CHECK(st.num_alloc_retries == 0);
+    CHECK(st.num_ooms == 0);
+    CHECK(st.reserved_bytes.all.current == static_cast<std::int64_t>(36 * MiB));
+    for (const auto& seg : large_segments(a.snapshot())) {
+      CHECK(seg.stream == reinterpret_cast<std::uintptr_t>(s2.native()));
+    }
+    check_invariants(a);
+    a.deallocate(y, s2);
+    a.deallocate(z, s2);
+    a.empty_cache();
+    CHECK(a.stats().reserved_bytes.all.current == 0);
+  }
+  CHECK(counters->outstanding.load() == 0);
+  CHECK(counters->reservations.load() == 0);
+}
+
 TEST_CASE_TEMPLATE("pool: expandable segments fall back to ordinary segments where nothing maps", D,
                    DEPOT_TEST_DEVICES)
 {

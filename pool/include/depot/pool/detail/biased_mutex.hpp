@@ -65,7 +65,7 @@ class biased_mutex {
   [[nodiscard]] static std::uint64_t barriers() noexcept;
 
   // Whether it is biased to the calling thread (a racy read, for tests and figures).
-  [[nodiscard]] bool biased_to_me() const noexcept { return bias_.load(std::memory_order_relaxed) == self(); }
+  [[nodiscard]] bool biased_to_me() const noexcept { return bias_.load(std::memory_order_relaxed) == id_; }
   // Revocations so far (caller holds the lock).
   [[nodiscard]] std::uint64_t revocations() const noexcept { return revocations_; }
   // Whether this process can bias at all (membarrier available; registers on first call).
@@ -78,16 +78,15 @@ class biased_mutex {
   static constexpr std::int64_t k_paid_off_ns = 1'000'000;  // a bias that lasted this long paid for its barrier
 
  private:
-  static const void* self() noexcept { return reinterpret_cast<const void*>(id_); }
   // Enters as the biased holder when biased to the calling thread, else returns false.
   // Dekker's entry with a one-sided fence: the revoker's barrier orders this thread's store
   // of busy_ before its load of bias_ (or the revoker sees busy_ set).
   [[gnu::always_inline]] bool enter_if_biased() noexcept
   {
-    if (bias_.load(std::memory_order_relaxed) != self()) return false;
+    if (bias_.load(std::memory_order_relaxed) != id_) return false;
     busy_.store(1, std::memory_order_relaxed);
     std::atomic_signal_fence(std::memory_order_seq_cst);
-    if (bias_.load(std::memory_order_relaxed) == self()) [[likely]] {
+    if (bias_.load(std::memory_order_relaxed) == id_) [[likely]] {
       biased_inside_ = true;
       return true;
     }
@@ -99,7 +98,7 @@ class biased_mutex {
   void taken() noexcept
   {
     // acquire on busy_: pairs with a biased holder's release of it
-    if (bias_.load(std::memory_order_relaxed) != nullptr || busy_.load(std::memory_order_acquire) != 0) [[unlikely]] {
+    if (bias_.load(std::memory_order_relaxed) != k_nobody || busy_.load(std::memory_order_acquire) != 0) [[unlikely]] {
       clear_bias(true);
     }
     count_run();
@@ -110,12 +109,12 @@ class biased_mutex {
     if (id_ == k_no_id) [[unlikely]] {
       assign_id();
     }
-    if (last_ == self()) {
+    if (last_ == id_) {
       if (++run_ >= need_) [[unlikely]] {
         make_biased();
       }
     } else {
-      last_ = self();
+      last_ = id_;
       run_ = 1;
     }
   }
@@ -142,7 +141,7 @@ class biased_mutex {
   bool wait_out(bool wait) noexcept;
   [[gnu::noinline]] void make_biased() noexcept;
   [[gnu::noinline]] static void assign_id() noexcept;
-  static bool alive(const void* id) noexcept;
+  static bool alive(std::uintptr_t id) noexcept;
   static void sleep_while(std::atomic<int>& word, int value) noexcept;
   static void wake(std::atomic<int>& word) noexcept;
 
@@ -150,11 +149,13 @@ class biased_mutex {
   // ever given (a thread's TLS address is reused by later threads, and a later thread with
   // the name of an owner that has exited must not pass for it), assigned at its first take
   // of a shared word (count_run); k_no_id until then, never a bias (make_biased refuses it).
-  // initial-exec: a fixed offset from the thread pointer, no call.
+  // k_nobody (0) in bias_, owner_ and last_: no thread. initial-exec: a fixed offset from
+  // the thread pointer, no call.
+  static constexpr std::uintptr_t k_nobody = 0;
   static constexpr std::uintptr_t k_no_id = 1;
   [[gnu::tls_model("initial-exec")]] static inline thread_local constinit std::uintptr_t id_ = k_no_id;
 
-  std::atomic<const void*> bias_{nullptr};  // the thread it is biased to, or null
+  std::atomic<std::uintptr_t> bias_{k_nobody};  // the thread it is biased to, or k_nobody
   std::atomic<int> busy_{0};                // 1 while the biased thread is inside (or entering)
   std::atomic<int> state_{0};               // the shared word: 0 free, 1 held
   std::atomic<int> sleepers_{0};            // waiting on state_
@@ -165,14 +166,14 @@ class biased_mutex {
   // 2 took it and dropped the bias (its barrier still to come); 0 otherwise.
   std::uint8_t many_ = 0;
   bool biasable_;
-  const void* last_ = nullptr;   // the last thread that took the shared word
+  std::uintptr_t last_ = k_nobody;  // the last thread that took the shared word
   // The only thread the bias is ever made to while that thread lives: the first one it was
   // made to. A thread whose biased entry read the bias as its own just before a revocation
   // stores the busy flag after the revocation, sees the bias gone and clears the flag again
   // as it backs off: were the bias by then made to another thread, which set the flag and
   // is inside, that clear would let a taker in beside it (found by TSan on the four-thread
   // test). With one owner, the late entrant and the new holder are the same thread.
-  const void* owner_ = nullptr;
+  std::uintptr_t owner_ = k_nobody;
   std::uint32_t run_ = 0;        // its takes in a row
   std::uint32_t need_ = k_first_run;
   std::int64_t paid_off_ns_;
