@@ -2390,17 +2390,18 @@ struct allocator_core::impl {
       const cache_lock other_lock{figures, *other, std::adopt_lock};
       const cache_lock own_lock{figures, c, std::adopt_lock};
       if (!live && !other->closed) continue;
+      // A closed stream's cache gives every movable segment, a live one's gives one.
+      const bool all = other->closed;
       // The segments' last frees were ordered on the other stream: order_after() makes
       // work on this one wait for them (an event where the stream's lifetime is known, a
       // device synchronisation for a raw handle). This is the miss path, in place of an
       // upstream allocation.
       if (want_dense) {
         auto& from = other->small_dir;
-        // A live stream's cache gives one (see below), a closed one all.
         const auto n = std::min<std::size_t>(
             static_cast<std::size_t>(
                 std::count_if(from.begin(), from.end(), [&](const auto& d) { return d.second->whole_free(); })),
-            other->closed ? from.size() : 1);
+            all ? from.size() : 1);
         if (n == 0) continue;
         c.reserve_small(n);  // may throw: nothing changed yet
         order_after(*other, c.stream);
@@ -2415,31 +2416,29 @@ struct allocator_core::impl {
         const auto movable = [small](const segment* s) {
           return s->small == small && s->head->whole() && s->head->state == block_state::free;
         };
-        // A live stream's cache gives one segment, the smallest that fits (taking all of
-        // them made streams that alternate take them back and forth); a closed one all.
-        const bool all = other->closed;
+        const auto move = [&](segment* s) {
+          unindex(*other, s->head);
+          unlink_segment(*other, s);
+          link_segment(c, s);
+          index(c, s->head);
+          if (other->growing == s) other->growing = nullptr;  // (an expandable one grows where it is)
+          if (s->reserved != 0 && c.growing == nullptr) c.growing = s;
+        };
+        // One: the smallest that fits (the first movable one, when all move).
         segment* best = nullptr;
-        for (segment* s = other->segments; s != nullptr; s = s->lnext) {
-          if (!movable(s)) continue;
-          if (all) {
-            best = s;
-            break;
-          }
-          if (s->size >= size && (best == nullptr || s->size < best->size)) best = s;
+        for (segment* s = other->segments; s != nullptr && !(all && best != nullptr); s = s->lnext) {
+          if (movable(s) && (all || (s->size >= size && (best == nullptr || s->size < best->size)))) best = s;
         }
         if (best == nullptr) continue;
         order_after(*other, c.stream);
-        for (segment* s = all ? other->segments : best; s != nullptr;) {
-          segment* next = all ? s->lnext : nullptr;
-          if (movable(s)) {
-            unindex(*other, s->head);
-            unlink_segment(*other, s);
-            link_segment(c, s);
-            index(c, s->head);
-            if (other->growing == s) other->growing = nullptr;  // (an expandable one grows where it is)
-            if (s->reserved != 0 && c.growing == nullptr) c.growing = s;
+        if (all) {
+          for (segment* s = best; s != nullptr;) {
+            segment* const next = s->lnext;  // (read before s moves to c's list)
+            if (movable(s)) move(s);
+            s = next;
           }
-          s = next;
+        } else {
+          move(best);
         }
         // The splits of those segments will want block records and live-table room, which
         // the other cache has and may not need again (a stream that is gone): a new
@@ -2662,17 +2661,8 @@ struct allocator_core::impl {
       seg_bytes = small ? k_small_segment : (size + k_large_round - 1) / k_large_round * k_large_round;
       p = grow(seg_bytes);
     }
-    if (p == nullptr && !live_first) {  // refused: live streams' free segments before releasing
-      if (block_ref b = steal(c, size, small, bytes, true); b.found()) return b;
-    }
     if (p == nullptr) {
-      retries.fetch_add(1);
-      flush_all(true);
-      {
-        cache_lock g{figures, c};
-        if (block_ref b = take(c, size, small, bytes); b.found()) return b;
-      }
-      if (block_ref b = steal(c, size, small, bytes, true); b.found()) return b;
+      if (block_ref b = reclaim(c, size, small, bytes, live_first); b.found()) return b;
       p = grow(seg_bytes);
     }
     if (p == nullptr) {
@@ -2728,22 +2718,35 @@ struct allocator_core::impl {
     return out;
   }
 
+  // Growing was refused: a live stream's whole free segment (unless `live_tried`: the miss
+  // tried that before growing), then, counted as a retry, the cache released after waiting
+  // for pending frees, and this cache's own free blocks and other streams' segments tried
+  // again. Nothing found: the caller grows once more, or throws out_of_memory.
+  block_ref reclaim(stream_cache& c, std::size_t size, bool small, std::size_t bytes, bool live_tried)
+  {
+    if (!live_tried) {
+      if (block_ref b = steal(c, size, small, bytes, true); b.found()) return b;
+    }
+    retries.fetch_add(1);
+    flush_all(true);
+    {
+      cache_lock g{figures, c};  // frees that were pending may have come back here
+      if (block_ref b = take(c, size, small, bytes); b.found()) return b;
+    }
+    return steal(c, size, small, bytes, true);
+  }
+
   // allocate_miss of a large block with expandable segments: the same retries, mapping
   // pages in place of new segments. Nothing when no range of addresses could be reserved
   // (the address space is finite: a range per stream as large as the device): the caller
   // makes an ordinary segment instead.
   block_ref allocate_expanding(stream_cache& c, std::size_t size, std::size_t bytes, native_stream s,
-                               bool live_stolen)
+                               bool live_tried)
   {
     collect_before_growing(size);
     bool no_range = false;
     if (block_ref b = expand(c, size, bytes, no_range); b.found() || no_range) return b;
-    if (!live_stolen) {  // refused: live streams' free segments before releasing
-      if (block_ref b = steal(c, size, false, bytes, true); b.found()) return b;
-    }
-    retries.fetch_add(1);
-    flush_all(true);
-    if (block_ref b = steal(c, size, false, bytes, true); b.found()) return b;
+    if (block_ref b = reclaim(c, size, false, bytes, live_tried); b.found()) return b;
     if (block_ref b = expand(c, size, bytes, no_range); b.found() || no_range) return b;
     const bool capped = limit != k_unlimited && static_cast<std::size_t>(figures.total(q_reserved)) + size > limit;
     throw_oom(bytes, size, s,
