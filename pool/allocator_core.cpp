@@ -673,7 +673,9 @@ struct stat_delta {
   // lock is free) or after k_max_ops, so the checks need not fire again at every operation
   // (at 64 MiB requests they did: a call and two unpredictable branches per operation).
   std::int64_t limit = 0;
-  cache_mutex* owner = nullptr;  // the lock of the cache it belongs to
+  // The lock of the cache it belongs to: changed only under that lock and the new one's
+  // (a delta moves between caches, switch_op), so holding the lock it names keeps it there.
+  std::atomic<cache_mutex*> owner{nullptr};
   static constexpr std::int64_t k_no_limit = std::numeric_limits<std::int64_t>::max() / 4;
   // Drifted past batch and kept (shared_stats::settle) until published.
   [[nodiscard]] bool overdrawn() const noexcept { return limit == k_no_limit; }
@@ -699,6 +701,14 @@ struct stat_delta {
   stat_delta(std::size_t stats_batch, cache_mutex& m)
       : batch{static_cast<std::int64_t>(stats_batch)}, limit{batch}, owner{&m}
   {
+  }
+
+  // Whether this delta may change places with `from` (a move: see
+  // allocator_core::impl::switch_op): both between operations, nothing due, this one
+  // empty (published: every cell 0, no headroom set) and not kept past its batch.
+  [[nodiscard]] bool can_take(const stat_delta& from) const noexcept
+  {
+    return dirty == 0 && op == 0 && due == 0 && !opened && !overdrawn() && from.op == 0 && from.due == 0;
   }
 
   static constexpr std::uint32_t pool_bit(bool small) noexcept { return small ? op_small : op_large; }
@@ -852,8 +862,10 @@ static_assert(q_count <= 8);
 // Per pool and quantity: current, added (since the last reset of totals), peak; freed =
 // added - (current - base), base being current at that reset. "all" figures are the pools'
 // sums. A peak is the highest value at an operation boundary: exact while at most one
-// cache holds unpublished changes (one thread, whatever its streams: a thread publishes
-// its previous cache when it moves to another; or threads sharing one stream); with
+// cache holds unpublished changes (one thread, whatever its streams: a thread's changes
+// move with it to the cache it moves to, or are published then; or threads sharing one
+// stream; changes made in other caches than the thread's own, by flush_all, are published
+// at once, after the thread's own); with
 // threads on several streams at once, off by at most what the other caches hold unpublished
 // (a peak of bytes by stats_batch per other cache, a count by 256 per other cache; a cache
 // that drifts past stats_batch while it was the last to publish, i.e. ran alone, publishes
@@ -984,9 +996,11 @@ struct shared_stats {
     // acquire: pairs with the release below, so the kept delta's cache (made by another
     // thread) is seen whole before its lock is tried.
     if (stat_delta* o = overdrawn.load(std::memory_order_acquire); o != nullptr && o != &d) {
-      if (o->owner->try_lock_unbiased()) {  // biased to its thread: it publishes itself
-        if (o->overdrawn()) publish(*o);
-        o->owner->unlock();
+      cache_mutex* const m = o->owner.load(std::memory_order_relaxed);
+      if (m->try_lock_unbiased()) {  // biased to its thread: it publishes itself
+        // still that cache's (it may have moved before the lock was taken)
+        if (o->owner.load(std::memory_order_relaxed) == m && o->overdrawn()) publish(*o);
+        m->unlock();
       }
     }
     if ((d.due & stat_delta::due_now) != 0 ||
@@ -1124,7 +1138,7 @@ struct block_ref {
 
 struct stream_cache {
   stream_cache(native_stream s, const segment_table& t, std::size_t stats_batch, bool biased_lock)
-      : stream{s}, mu{biased_lock}, small{t}, delta{stats_batch, mu}
+      : stream{s}, mu{biased_lock}, small{t}, delta{std::make_unique<stat_delta>(stats_batch, mu)}
   {
   }
   native_stream stream;
@@ -1155,7 +1169,10 @@ struct stream_cache {
   address_table<small_segment, 0> small_frames;
   std::unordered_map<std::uintptr_t, std::vector<native_stream>> small_uses;  // record_stream
   std::int64_t hits = 0;      // allocations served from this cache without growing
-  stat_delta delta;           // statistics changed by the operation under way
+  // Statistics changed by the operation under way and not yet published. Its own heap
+  // object, so a thread that moves to another cache can hand its changes over by swapping
+  // two pointers (switch_op).
+  std::unique_ptr<stat_delta> delta;
 
   void recycle(block* b) noexcept
   {
@@ -1252,7 +1269,7 @@ class cache_lock {
   // figures the operation changed (the common free's); the destructor calls it out of line.
   [[gnu::always_inline]] void unlock() noexcept
   {
-    stat_delta& d = cache_->delta;
+    stat_delta& d = *cache_->delta;
     if (d.op != 0) {
       const bool fresh = d.dirty == 0;  // the first operation since the last publish
       d.end_op();
@@ -1263,6 +1280,15 @@ class cache_lock {
     std::exchange(cache_, nullptr)->mu.unlock();
   }
   [[nodiscard]] stream_cache& cache() const noexcept { return *cache_; }
+  // Ends the operation under way and publishes the cache's delta now, keeping the lock: for
+  // changes made in a cache other than the calling thread's own (flush_all), which must
+  // not wait unpublished while that thread's own delta goes on.
+  void publish() noexcept
+  {
+    stat_delta& d = *cache_->delta;
+    if (d.op != 0) d.end_op();
+    stats_->publish(d);
+  }
 
  private:
   [[gnu::noinline]] void give_back() noexcept { unlock(); }
@@ -1474,9 +1500,10 @@ struct allocator_core::impl {
   mutable shared_stats figures;
 
   // Before an allocation or free on `c` (no cache lock held): when this thread's previous
-  // one here was on another cache, that cache's delta is published, so at most one cache
-  // holds a thread's unpublished changes and one thread's peaks are exact (the thread
-  // remembers its last four allocators; a fifth's caches publish as their batches fill).
+  // one here was on another cache, that cache's unpublished changes move to c (the caches
+  // swap deltas) or are published, so at most one cache holds a thread's unpublished
+  // changes and one thread's peaks are exact (the thread remembers its last four
+  // allocators; a fifth's caches publish as their batches fill).
   void begin_op(stream_cache& c) noexcept
   {
     const thread_caches::op_entry& e = tl_caches.ops[0];
@@ -1496,14 +1523,47 @@ struct allocator_core::impl {
     stream_cache* previous = std::exchange(tc.ops[0].cache, &c);
     if (previous != nullptr && previous != &c) {
       previous->mu.lock();
-      figures.publish(previous->delta);
+      if (previous->delta->dirty != 0) {
+        // The previous cache's changes move to this one, by swapping the two caches'
+        // deltas where this one's is empty (try_lock: never blocking while holding a cache
+        // lock), or are published: either way no longer in the previous cache's. A swap
+        // costs tens of instructions where a publish cost ~300 (a thread alternating among
+        // 4 streams changes cache at most of its operations). The delta keeps its place as
+        // the one published last or kept past its batch (shared_stats::settle).
+        if (c.mu.try_lock()) {
+          if (c.delta->can_take(*previous->delta)) {
+            std::swap(previous->delta, c.delta);
+            previous->delta->owner.store(&previous->mu, std::memory_order_relaxed);
+            c.delta->owner.store(&c.mu, std::memory_order_relaxed);
+          } else {
+            figures.publish(*previous->delta);
+          }
+          c.mu.unlock();
+        } else {
+          figures.publish(*previous->delta);
+        }
+      }
       previous->mu.unlock();
+    }
+  }
+  // The delta of the cache of this thread's last operation here, published (no cache
+  // lock held).
+  void publish_own() noexcept
+  {
+    for (const thread_caches::op_entry& e : tl_caches.ops) {
+      if (e.owner != id) continue;
+      if (e.cache != nullptr) {
+        e.cache->mu.lock();
+        figures.publish(*e.cache->delta);
+        e.cache->mu.unlock();
+      }
+      return;
     }
   }
   // Every cache's delta (caller holds every cache lock).
   void publish_all() const noexcept
   {
-    for (const auto& c : caches) figures.publish(c->delta);
+    for (const auto& c : caches) figures.publish(*c->delta);
   }
   std::atomic<std::int64_t> misses{0}, retries{0}, ooms{0};
   std::int64_t hits_base = 0;  // hits before the last reset_memory_stats (under all locks)
@@ -1622,14 +1682,14 @@ struct allocator_core::impl {
   {
     b->state = block_state::free;
     b->counted_split = !b->whole();
-    if (b->counted_split) c.delta.add_split(b->small, b->size);
+    if (b->counted_split) c.delta->add_split(b->small, b->size);
     c.pools[b->small ? 1 : 0].insert(b);
   }
 
   [[gnu::always_inline]] void unindex(stream_cache& c, block* b) noexcept
   {
     c.pools[b->small ? 1 : 0].remove(b);
-    if (b->counted_split) c.delta.sub_split(b->small, b->size);
+    if (b->counted_split) c.delta->sub_split(b->small, b->size);
     b->counted_split = false;
   }
 
@@ -1681,7 +1741,7 @@ struct allocator_core::impl {
     b->timed = tracing.load(std::memory_order_relaxed);
     if (b->timed) b->t_alloc = now_ns();
     c.live.insert(b->addr, b);  // may throw (growth) before anything is counted
-    c.delta.count_allocation(b->small, b->size, bytes);
+    c.delta->count_allocation(b->small, b->size, bytes);
   }
 
   block* take_free(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
@@ -1699,7 +1759,7 @@ struct allocator_core::impl {
     if (cfg.release_threshold == k_unlimited) return false;
     // The shared figures and what this cache has not yet published (others' unpublished
     // changes are not seen: the threshold holds to within their stats_batch).
-    const stat_delta& d = c.delta;
+    const stat_delta& d = *c.delta;
     const std::int64_t cached = figures.total(q_reserved) - figures.total(q_allocated) + d.net[q_reserved] +
                                 d.net[8 + q_reserved] - d.net[q_allocated] - d.net[8 + q_allocated];
     return cached > 0 && static_cast<std::size_t>(cached) > cfg.release_threshold;
@@ -1722,7 +1782,7 @@ struct allocator_core::impl {
   // Back to the cache: merge with free neighbours, index (caller holds c.mu).
   [[gnu::always_inline]] void release_block(stream_cache& c, block* b)
   {
-    c.delta.sub_active(b->small, b->size);
+    c.delta->sub_active(b->small, b->size);
     b->requested = 0;
     if (b->has_uses) {
       b->uses.clear();
@@ -1771,7 +1831,7 @@ struct allocator_core::impl {
     }
     unlink_segment(c, s);
     const std::size_t mapped = s->size - s->unmapped;
-    c.delta.change_segments(s->small, mapped, -1);
+    c.delta->change_segments(s->small, mapped, -1);
     record(event_of(trace_kind::segment_free, s->addr, mapped, 0, c.stream));
     give_back(*s);
     if (c.growing == s) c.growing = nullptr;
@@ -1946,7 +2006,7 @@ struct allocator_core::impl {
     unmap_pages(*s, first, first + count);
     std::fill_n(s->maps.begin() + static_cast<std::ptrdiff_t>(first), count, std::uint64_t{0});
     s->unmapped += hi - lo;
-    c.delta.change_mapped(false, hi - lo, -1);
+    c.delta->change_mapped(false, hi - lo, -1);
     record(event_of(trace_kind::segment_unmap, lo, hi - lo, 0, c.stream));
     return after;
   }
@@ -1991,7 +2051,7 @@ struct allocator_core::impl {
       unmap_pages(*s, (cut - s->addr) / vm_page, s->size / vm_page);
       s->size -= bytes;
       s->maps.resize(s->size / vm_page);
-      c.delta.change_mapped(false, bytes, -1);
+      c.delta->change_mapped(false, bytes, -1);
       record(event_of(trace_kind::segment_unmap, cut, bytes, 0, c.stream));
       if (!gone) return;
     }
@@ -2039,7 +2099,7 @@ struct allocator_core::impl {
     }
     h->state = block_state::free;
     s->unmapped -= need;
-    c.delta.change_mapped(false, need, +1);
+    c.delta->change_mapped(false, need, +1);
     record(event_of(trace_kind::segment_map, h->addr, need, 0, c.stream));
     block* b = h;  // merged with the free blocks beside it (not indexed)
     if (below != 0) {
@@ -2074,7 +2134,7 @@ struct allocator_core::impl {
     e.flags = unit_entry::head;
     if (e.size != k_seg_units) {
       e.flags |= unit_entry::split;
-      c.delta.add_split(true, unit_bytes(e.size));
+      c.delta->add_split(true, unit_bytes(e.size));
     }
     c.small.insert(link_of(s, u), e);
   }
@@ -2083,7 +2143,7 @@ struct allocator_core::impl {
   {
     unit_entry& e = s.units[u];
     c.small.remove(e);
-    if ((e.flags & unit_entry::split) != 0) c.delta.sub_split(true, unit_bytes(e.size));
+    if ((e.flags & unit_entry::split) != 0) c.delta->sub_split(true, unit_bytes(e.size));
     e.flags = unit_entry::head;
   }
 
@@ -2110,7 +2170,7 @@ struct allocator_core::impl {
     e.pending = 0;
     e.requested = static_cast<std::uint32_t>(bytes);
     if (s.t_alloc) s.t_alloc[u] = traced ? now_ns() : 0;
-    c.delta.count_allocation(true, unit_bytes(units), bytes);
+    c.delta->count_allocation(true, unit_bytes(units), bytes);
   }
 
   block_ref small_take_free(stream_cache& c, unsigned units, std::size_t bytes)
@@ -2128,7 +2188,7 @@ struct allocator_core::impl {
   void small_release(stream_cache& c, small_segment& s, unsigned u)
   {
     unit_entry* e = &s.units[u];
-    c.delta.sub_active(true, unit_bytes(e->size));
+    c.delta->sub_active(true, unit_bytes(e->size));
     if ((e->flags & unit_entry::has_uses) != 0) c.small_uses.erase(address_of(s, u));
     if (e->prev != 0) {
       const unsigned p = u - e->prev;
@@ -2159,7 +2219,7 @@ struct allocator_core::impl {
   {
     small_unindex(c, s, 0);
     c.remove_small(&s);
-    c.delta.change_segments(true, k_small_segment, -1);
+    c.delta->change_segments(true, k_small_segment, -1);
     record(event_of(trace_kind::segment_free, s.addr, k_small_segment, 0, c.stream));
     up->deallocate(reinterpret_cast<void*>(s.addr), k_small_segment);
     small_table.release(s);
@@ -2263,8 +2323,14 @@ struct allocator_core::impl {
   }
 
   // Every cache: wait for its pending events, then give back its whole free segments.
+  // Every cache: pending frees whose events completed (all of them, waiting, when `wait`)
+  // back in the cache, fences done with, whole free segments returned to the upstream.
+  // The calling thread's unpublished changes are published first and each cache's as its
+  // turn ends, so the figures take in every change in the order it was made (one thread's
+  // peaks stay exact).
   void flush_all(bool wait)
   {
+    publish_own();
     std::shared_lock r{registry_mu};
     for (auto& c : caches) {
       cache_lock g{figures, *c};
@@ -2274,6 +2340,7 @@ struct allocator_core::impl {
         up->destroy_event(std::exchange(c->fence, nullptr));
       }
       release_free_segments(*c);
+      g.publish();
     }
   }
 
@@ -2602,7 +2669,7 @@ struct allocator_core::impl {
       c.growing = s;
       index(c, b);
       record(event_of(trace_kind::segment_allocate, s->addr, need, 0, c.stream));
-      c.delta.change_segments(false, need, +1);
+      c.delta->change_segments(false, need, +1);
     } else {
       if (have != 0) {
         unindex(c, t);
@@ -2613,7 +2680,7 @@ struct allocator_core::impl {
       }
       s->size += need;
       record(event_of(trace_kind::segment_map, at, need, 0, c.stream));
-      c.delta.change_mapped(false, need, +1);
+      c.delta->change_mapped(false, need, +1);
     }
     // The last block now fits: hand it out (the index's search of size's own class is
     // bounded, so take() could miss it).
@@ -2709,7 +2776,7 @@ struct allocator_core::impl {
       throw;
     }
     record(event_of(trace_kind::segment_allocate, addr, seg_bytes, 0, c.stream));
-    c.delta.change_segments(small, seg_bytes, +1);
+    c.delta->change_segments(small, seg_bytes, +1);
     if (out.seg != nullptr) {
       small_hand_out(c, *out.seg, 0, static_cast<unsigned>(size >> k_unit_shift), bytes);
     } else {
@@ -2788,12 +2855,12 @@ struct allocator_core::impl {
       const unit_entry& e = b.seg->units[b.unit];
       // flags exactly `head`: no other stream recorded (has_uses)
       if (e.flags != unit_entry::head || (expected != 0 && expected != e.requested)) return false;
-      c.delta.count_free(true, unit_bytes(e.size), e.requested);
+      c.delta->count_free(true, unit_bytes(e.size), e.requested);
       small_release(c, *b.seg, b.unit);
     } else {
       block* k = b.large;
       if (k->has_uses || (expected != 0 && expected != k->requested)) return false;
-      c.delta.count_free(k->small, k->size, k->requested);
+      c.delta->count_free(k->small, k->size, k->requested);
       release_block(c, k);
     }
     lock.unlock();
@@ -3037,7 +3104,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
   if (!dense && b.large->exported) m.unshare(*b.large);
   // Counted as freed just before the block changes state (after the calls above and below
   // that may throw, block or allocate).
-  auto count_free = [&] { c.delta.count_free(small, size, requested); };
+  auto count_free = [&] { c.delta->count_free(small, size, requested); };
   if (m.tracing.load(std::memory_order_relaxed)) {
     trace_event e = m.event_of(trace_kind::free, addr, size, requested, c.stream);
     const std::uint64_t t = dense     ? (b.seg->t_alloc ? b.seg->t_alloc[b.unit] : 0)

@@ -2024,6 +2024,24 @@ TEST_CASE("pool: statistics published in batches equal those published at every 
   for (std::size_t i = 1; i < pools.size(); ++i) check_same_stats(pools[0]->stats(), pools[i]->stats());
 }
 
+// After one thread kept 3 x 8 MiB of hits unpublished (past a 1 MiB batch, alone): another
+// thread's first operation, a 256 KiB hit on stream s2 within the batch, must publish them
+// first, so every peak counts both: exactly 3 x 8 MiB + 256 KiB, 4 allocations.
+template <class D>
+void check_kept_drift_published_first(depot::caching_allocator<D>& a, depot::stream<D>& s2)
+{
+  std::thread{[&] {
+    void* q = a.allocate(256 * KiB, s2);
+    a.deallocate(q, s2);
+  }}.join();
+  const depot::memory_stats st = a.stats();
+  CHECK(st.num_cache_misses == 0);
+  CHECK(st.requested_bytes.all.current == static_cast<std::int64_t>(24 * MiB));
+  CHECK(st.requested_bytes.all.peak == static_cast<std::int64_t>(24 * MiB + 256 * KiB));
+  CHECK(st.allocated_bytes.all.peak == static_cast<std::int64_t>(24 * MiB + 256 * KiB));
+  CHECK(st.num_allocations.all.peak == 4);
+}
+
 TEST_CASE_TEMPLATE("pool: a cache that drifted past stats_batch alone is published by the next cache", D,
                    DEPOT_TEST_DEVICES)
 {
@@ -2048,17 +2066,41 @@ TEST_CASE_TEMPLATE("pool: a cache that drifted past stats_batch alone is publish
   std::thread{[&] {
     for (int i = 0; i < 3; ++i) kept.push_back(a.allocate(8 * MiB, s1));  // hits, each past the batch
   }}.join();
-  std::thread{[&] {
-    void* q = a.allocate(256 * KiB, s2);  // a hit within the batch
-    a.deallocate(q, s2);
-  }}.join();
-  const depot::memory_stats st = a.stats();
-  CHECK(st.num_cache_misses == 0);
-  CHECK(st.requested_bytes.all.current == static_cast<std::int64_t>(24 * MiB));
-  CHECK(st.requested_bytes.all.peak == static_cast<std::int64_t>(24 * MiB + 256 * KiB));
-  CHECK(st.allocated_bytes.all.peak == static_cast<std::int64_t>(24 * MiB + 256 * KiB));
-  CHECK(st.num_allocations.all.peak == 4);
+  check_kept_drift_published_first(a, s2);
   for (void* k : kept) a.deallocate(k, s1);
+  check_invariants(a);
+}
+
+TEST_CASE_TEMPLATE("pool: a thread that changes streams carries its kept drift, which the next cache still publishes",
+                   D, DEPOT_TEST_DEVICES)
+{
+  // One thread alternates between streams 1 and 3 with 8 MiB hits past the 1 MiB batch: its
+  // unpublished changes move with it from cache to cache (the caches swap deltas) and stay
+  // kept as the last published. Another thread's first operation on stream 2 (within the
+  // batch) must still find and publish them first, wherever they moved: exactly
+  // 3 x 8 MiB + 256 KiB. Had the kept mark stayed with the cache the thread left, the
+  // other thread would publish nothing first and the peak would miss its 256 KiB.
+  depot::allocator_config cfg = quiet_config<D>();
+  cfg.stats_batch = MiB;
+  cfg.steal_threshold = std::numeric_limits<std::size_t>::max();  // each stream grows its own
+  depot::caching_allocator<D> a{0, cfg};
+  depot::stream<D> s1;
+  depot::stream<D> s2;
+  depot::stream<D> s3;
+  void* small_block = a.allocate(256 * KiB, s2);
+  a.deallocate(small_block, s2);
+  for (depot::stream<D>* s : {&s1, &s3}) {  // each stream's cache holds 8 MiB hits
+    std::vector<void*> warm;
+    for (int i = 0; i < 3; ++i) warm.push_back(a.allocate(8 * MiB, *s));
+    for (void* w : warm) a.deallocate(w, *s);
+  }
+  a.reset_memory_stats();
+  std::vector<std::pair<void*, depot::stream<D>*>> kept;
+  std::thread{[&] {
+    for (depot::stream<D>* s : {&s1, &s3, &s3}) kept.emplace_back(a.allocate(8 * MiB, *s), s);  // hits
+  }}.join();
+  check_kept_drift_published_first(a, s2);
+  for (auto& [p, s] : kept) a.deallocate(p, *s);
   check_invariants(a);
 }
 
@@ -2840,6 +2882,83 @@ TEST_CASE_TEMPLATE("pool: four threads at once", D, DEPOT_TEST_DEVICES)
   CHECK(a.stats().reserved_bytes.all.current == 0);
 }
 
+// What a reader of the statistics may always expect, whatever other threads do: pools that
+// sum to "all", peaks at least their current figures, freed = allocated - current, cached =
+// reserved - allocated, active at least allocated.
+bool consistent(const depot::memory_stats& st)
+{
+  for (const depot::stat_array* x : {&st.allocated_bytes, &st.requested_bytes, &st.reserved_bytes,
+                                     &st.active_bytes, &st.num_allocations, &st.inactive_split_bytes}) {
+    if (x->all.current != x->large.current + x->small.current || x->all.peak < x->all.current ||
+        x->large.peak < x->large.current || x->small.peak < x->small.current ||
+        x->all.freed != x->all.allocated - x->all.current) {
+      return false;
+    }
+  }
+  return st.cached_bytes.all.current == st.reserved_bytes.all.current - st.allocated_bytes.all.current &&
+         st.active_bytes.all.current >= st.allocated_bytes.all.current;
+}
+
+TEST_CASE_TEMPLATE("pool: four threads sharing four streams, and a reader of the statistics", D,
+                   DEPOT_TEST_DEVICES)
+{
+  // Every thread alternates among the same four streams, so a thread's change of cache
+  // often finds the next cache held by another thread (its changes are then published) or
+  // free (the two caches swap deltas), while a reader publishes every cache's all along.
+  // Whatever moved where, the totals must come out exact and every figure consistent.
+  depot::allocator_config cfg = quiet_config<D>();
+  SUBCASE("the default batch") {}
+  SUBCASE("a batch no drift reaches") { cfg.stats_batch = std::size_t{1} << 40; }
+  depot::caching_allocator<D> a{0, cfg};
+  std::vector<depot::stream<D>> streams(4);
+  std::atomic<int> inconsistent{0};
+  std::atomic<bool> done{false};
+  const auto seed = depot::test::seed("pool shared streams", 5);
+  std::thread reader([&] {
+    while (!done.load()) {
+      const depot::memory_stats st = a.stats();
+      if (!consistent(st) || st.requested_bytes.all.current < 0) ++inconsistent;
+    }
+  });
+  std::atomic<std::int64_t> requested_peak_bound{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng{seed + static_cast<unsigned>(t)};
+      std::vector<std::pair<void*, std::size_t>> mine;  // (block, its stream)
+      std::int64_t requested = 0;
+      for (int i = 0; i < 3000; ++i) {
+        if (mine.size() < 40 && (mine.empty() || rng() % 2 == 0)) {
+          const std::size_t n = 1 + rng() % (rng() % 8 == 0 ? 24 * MiB : 48 * KiB);
+          const std::size_t k = rng() % streams.size();
+          mine.emplace_back(a.allocate(n, streams[k]), k);
+          requested += static_cast<std::int64_t>(n);
+        } else {
+          const auto j = rng() % mine.size();
+          a.deallocate(mine[j].first, streams[mine[j].second]);
+          mine.erase(mine.begin() + static_cast<long>(j));
+        }
+      }
+      for (auto& [p, k] : mine) a.deallocate(p, streams[k]);
+      requested_peak_bound += requested;
+    });
+  }
+  for (auto& th : threads) th.join();
+  done.store(true);
+  reader.join();
+  CHECK(inconsistent.load() == 0);
+  const depot::memory_stats st = a.stats();
+  for (const depot::stat_array* x : {&st.allocated_bytes, &st.requested_bytes, &st.active_bytes,
+                                     &st.num_allocations, &st.inactive_split_bytes}) {
+    CHECK(x->all.current == 0);
+    CHECK(x->all.freed == x->all.allocated);
+  }
+  CHECK(st.requested_bytes.all.allocated == requested_peak_bound.load());
+  CHECK(st.requested_bytes.all.peak > 0);
+  CHECK(st.requested_bytes.all.peak <= requested_peak_bound.load());
+  check_invariants(a);
+}
+
 TEST_CASE_TEMPLATE("pool: four threads on one stream, and a reader of the statistics", D,
                    DEPOT_TEST_DEVICES)
 {
@@ -2858,16 +2977,7 @@ TEST_CASE_TEMPLATE("pool: four threads on one stream, and a reader of the statis
   std::thread reader([&] {
     while (!done.load()) {
       const depot::memory_stats st = a.stats();
-      for (const depot::stat_array* x : {&st.allocated_bytes, &st.reserved_bytes, &st.active_bytes,
-                                         &st.num_allocations, &st.inactive_split_bytes}) {
-        if (x->all.current != x->large.current + x->small.current || x->all.peak < x->all.current ||
-            x->large.peak < x->large.current || x->small.peak < x->small.current ||
-            x->all.freed != x->all.allocated - x->all.current) {
-          ++inconsistent;
-        }
-      }
-      if (st.cached_bytes.all.current != st.reserved_bytes.all.current - st.allocated_bytes.all.current ||
-          st.active_bytes.all.current < st.allocated_bytes.all.current) {
+      if (!consistent(st)) {
         ++inconsistent;
       }
       (void)a.snapshot();
