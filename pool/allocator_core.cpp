@@ -1499,15 +1499,18 @@ struct allocator_core::impl {
   // which changes no figure they could see.
   mutable shared_stats figures;
 
-  // Before an allocation or free on `c` (no cache lock held): when this thread's previous
-  // one here was on another cache, that cache's unpublished changes move to c (the caches
-  // swap deltas) or are published, so at most one cache holds a thread's unpublished
-  // changes and one thread's peaks are exact (the thread remembers its last four
-  // allocators; a fifth's caches publish as their batches fill).
-  void begin_op(stream_cache& c) noexcept
+  // Locks `c` for an allocation or free (no cache lock held). When this thread's previous
+  // operation here was on another cache, that cache's unpublished changes move to c (the
+  // caches swap deltas) or are published, so at most one cache holds a thread's
+  // unpublished changes and one thread's peaks are exact (the thread remembers its last
+  // four allocators; a fifth's caches publish as their batches fill).
+  [[gnu::always_inline]] void lock_for_op(stream_cache& c) noexcept
   {
     const thread_caches::op_entry& e = tl_caches.ops[0];
-    if (e.owner == id && e.cache == &c) return;
+    if (e.owner == id && e.cache == &c) [[likely]] {
+      c.mu.lock();
+      return;
+    }
     switch_op(c);
   }
   [[gnu::noinline]] void switch_op(stream_cache& c) noexcept
@@ -1521,30 +1524,30 @@ struct allocator_core::impl {
     }
     thread_caches::to_front(tc.ops, k);
     stream_cache* previous = std::exchange(tc.ops[0].cache, &c);
-    if (previous != nullptr && previous != &c) {
-      previous->mu.lock();
-      if (previous->delta->dirty != 0) {
-        // The previous cache's changes move to this one, by swapping the two caches'
-        // deltas where this one's is empty (try_lock: never blocking while holding a cache
-        // lock), or are published: either way no longer in the previous cache's. A swap
-        // costs tens of instructions where a publish cost ~300 (a thread alternating among
-        // 4 streams changes cache at most of its operations). The delta keeps its place as
-        // the one published last or kept past its batch (shared_stats::settle).
-        if (c.mu.try_lock()) {
-          if (c.delta->can_take(*previous->delta)) {
-            std::swap(previous->delta, c.delta);
-            previous->delta->owner.store(&previous->mu, std::memory_order_relaxed);
-            c.delta->owner.store(&c.mu, std::memory_order_relaxed);
-          } else {
-            figures.publish(*previous->delta);
-          }
-          c.mu.unlock();
-        } else {
-          figures.publish(*previous->delta);
-        }
-      }
-      previous->mu.unlock();
+    if (previous == nullptr || previous == &c) {
+      c.mu.lock();
+      return;
     }
+    previous->mu.lock();
+    // c's lock with try_lock (never blocking while holding a cache lock): taken, the
+    // previous cache's changes move to c by swapping the two caches' deltas where c's is
+    // empty, and c stays locked for the operation. A swap costs tens of instructions where a
+    // publish cost ~300 (a thread alternating among 4 streams changes cache at most of its
+    // operations). The delta keeps its place as the one published last or kept past its
+    // batch (shared_stats::settle). Otherwise they are published: either way no longer in
+    // the previous cache's.
+    const bool locked = c.mu.try_lock();
+    if (previous->delta->dirty != 0) {
+      if (locked && c.delta->can_take(*previous->delta)) {
+        std::swap(previous->delta, c.delta);
+        previous->delta->owner.store(&previous->mu, std::memory_order_relaxed);
+        c.delta->owner.store(&c.mu, std::memory_order_relaxed);
+      } else {
+        figures.publish(*previous->delta);
+      }
+    }
+    previous->mu.unlock();
+    if (!locked) c.mu.lock();
   }
   // The delta of the cache of this thread's last operation here, published (no cache
   // lock held).
@@ -2893,8 +2896,7 @@ struct allocator_core::impl {
   // begun), given back when not.
   [[gnu::always_inline]] block_ref find_locked(stream_cache& c, void* ptr, bool erase) noexcept
   {
-    begin_op(c);
-    c.mu.lock();
+    lock_for_op(c);
     const block_ref b = find_live(c, reinterpret_cast<std::uintptr_t>(ptr), erase);
     if (!b.found()) c.mu.unlock();
     return b;
@@ -3032,9 +3034,9 @@ void* allocator_core::allocate(std::size_t bytes, native_stream stream)
   const bool small = size <= k_small_request;
   stream_cache& c = m.cache_for(stream);
   block_ref b;
-  m.begin_op(c);
+  m.lock_for_op(c);
   {
-    cache_lock g{m.figures, c};
+    cache_lock g{m.figures, c, std::adopt_lock};
     if (c.closed) [[unlikely]] m.reopen(c);
     if (!c.pending.empty()) m.process_events(c, false);
     b = m.take(c, size, small, bytes);

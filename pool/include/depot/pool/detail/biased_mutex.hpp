@@ -40,7 +40,7 @@ class biased_mutex {
   }
   // Takes it if free; revokes another thread's bias (a barrier, no wait): fails if that
   // thread is inside.
-  bool try_lock() noexcept { return try_lock_impl(true); }
+  [[gnu::always_inline]] bool try_lock() noexcept { return enter_if_biased() || try_lock_impl(true); }
   // Takes it if free and not biased to another thread (never a barrier).
   bool try_lock_unbiased() noexcept { return try_lock_impl(false); }
   [[gnu::always_inline]] void unlock() noexcept
