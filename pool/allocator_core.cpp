@@ -2330,7 +2330,6 @@ struct allocator_core::impl {
     c.pending.erase(keep, c.pending.end());
   }
 
-  // Every cache: wait for its pending events, then give back its whole free segments.
   // Every cache: pending frees whose events completed (all of them, waiting, when `wait`)
   // back in the cache, fences done with, whole free segments returned to the upstream.
   // The calling thread's unpublished changes are published first and each cache's as its
