@@ -2498,10 +2498,15 @@ struct allocator_core::impl {
           if (other->growing == s) other->growing = nullptr;  // (an expandable one grows where it is)
           if (s->reserved != 0 && c.growing == nullptr) c.growing = s;
         };
-        // One: the smallest that fits (the first movable one, when all move).
+        // One: the smallest that fits (when all move: the first movable one, where they start).
         segment* best = nullptr;
-        for (segment* s = other->segments; s != nullptr && !(all && best != nullptr); s = s->lnext) {
-          if (movable(s) && (all || (s->size >= size && (best == nullptr || s->size < best->size)))) best = s;
+        for (segment* s = other->segments; s != nullptr; s = s->lnext) {
+          if (!movable(s)) continue;
+          if (all) {
+            best = s;
+            break;
+          }
+          if (s->size >= size && (best == nullptr || s->size < best->size)) best = s;
         }
         if (best == nullptr) continue;
         order_after(*other, c.stream);
