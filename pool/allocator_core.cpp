@@ -796,6 +796,17 @@ struct stat_delta {
     }
   }
   [[gnu::always_inline]] void sub_split(bool small, std::size_t n) noexcept { decrease(small, q_inactive_split, n); }
+  // sub_split(small, n) if `counted`, else nothing, without a branch: whether a block
+  // leaving the index was split is a coin toss at random sizes.
+  [[gnu::always_inline]] void sub_split_if(bool counted, bool small, std::size_t n) noexcept
+  {
+    const unsigned i = (small ? 8U : 0U) + q_inactive_split;
+    net[i] -= static_cast<std::int64_t>(n & (std::size_t{0} - std::size_t{counted}));
+    op |= pool_bit(small) & (std::uint32_t{0} - std::uint32_t{counted});
+    if (net[i] < -limit) [[unlikely]] {
+      due |= due_drift;
+    }
+  }
   // A block is back in the cache.
   [[gnu::always_inline]] void sub_active(bool small, std::size_t n) noexcept { decrease(small, q_active, n); }
   // A segment came (+1) or went (-1): published as the operation ends.
@@ -1702,7 +1713,7 @@ struct allocator_core::impl {
   [[gnu::always_inline]] void unindex(stream_cache& c, block* b) noexcept
   {
     c.pools[b->small ? 1 : 0].remove(b);
-    if (b->counted_split) c.delta->sub_split(b->small, b->size);
+    c.delta->sub_split_if(b->counted_split, b->small, b->size);
     b->counted_split = false;
   }
 
@@ -1736,11 +1747,7 @@ struct allocator_core::impl {
     r->small = b->small;
     r->prev = b;
     r->next = b->next;
-    if (b->next != nullptr) {
-      b->next->prev = r;
-    } else {
-      r->seg->last = r;
-    }
+    *(b->next != nullptr ? &b->next->prev : &r->seg->last) = r;  // a select, not a branch
     b->next = r;
     return r;
   }
@@ -1784,11 +1791,7 @@ struct allocator_core::impl {
     block* n = b->next;
     b->size += n->size;
     b->next = n->next;
-    if (n->next != nullptr) {
-      n->next->prev = b;
-    } else {
-      b->seg->last = b;
-    }
+    *(n->next != nullptr ? &n->next->prev : &b->seg->last) = b;  // a select, not a branch
     c.recycle(n);
   }
 

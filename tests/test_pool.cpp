@@ -1848,7 +1848,8 @@ void check_same_stats(const depot::memory_stats& a, const depot::memory_stats& b
                                      std::pair{"small", &depot::stat_array::small}}) {
       const depot::stat& x = a.*member.*cell;
       const depot::stat& y = b.*member.*cell;
-      INFO(name, ".", pool);
+      const std::string where = std::string{name} + "." + pool;  // one string: doctest printed the two pointers
+      INFO(where);
       CHECK(x.current == y.current);
       CHECK(x.peak == y.peak);
       CHECK(x.allocated == y.allocated);
