@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <unordered_set>
@@ -85,6 +86,24 @@ void stream_registry::unwatch(watcher* w) noexcept
   registry_state& s = state();
   std::unique_lock g{s.watchers_mu};
   s.watchers.erase(std::remove(s.watchers.begin(), s.watchers.end(), w), s.watchers.end());
+}
+
+void stream_registry::fork_hold_watchers() noexcept { state().watchers_mu.lock(); }
+
+void stream_registry::fork_hold_live() noexcept { state().live_mu.lock(); }
+
+void stream_registry::fork_release(bool child) noexcept
+{
+  registry_state& s = state();
+  if (child) {
+    // The forking thread holds both, under another thread id than its own now (a
+    // read-write lock's unlock tells its writer by thread id): made anew instead.
+    std::construct_at(&s.live_mu);
+    std::construct_at(&s.watchers_mu);
+    return;
+  }
+  s.live_mu.unlock();
+  s.watchers_mu.unlock();
 }
 
 }  // namespace depot

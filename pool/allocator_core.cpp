@@ -37,9 +37,11 @@
 #include <depot/hal/stream_registry.hpp>
 #include <depot/pool/detail/allocator_core.hpp>
 #include <depot/pool/detail/biased_mutex.hpp>
+#include <depot/pool/detail/fork_hooks.hpp>
 #include <depot/pool/ipc_mapping.hpp>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -71,6 +73,20 @@
 namespace depot::detail {
 
 namespace {
+
+// After a fork: a std mutex the forking thread held through it is given back in the
+// parent, and made anew in the child (where that thread runs under a new thread id, which
+// a read-write lock's unlock would misread; nothing else can hold it there).
+template <class Mutex>
+void release_after_fork(Mutex& m, bool child) noexcept
+{
+  if (child) {
+    std::construct_at(&m);
+  } else {
+    m.unlock();
+  }
+}
+
 
 constexpr std::size_t k_align = 512;
 constexpr std::size_t k_small_request = std::size_t{1} << 20;   // <= 1 MiB: small pool
@@ -502,6 +518,9 @@ class segment_table {
     s.t_alloc.reset();
     free_.push_back(s.slot);
   }
+
+  void fork_hold() noexcept { mu_.lock(); }  // (allocator_core::impl::fork_hold)
+  void fork_release(bool child) noexcept { release_after_fork(mu_, child); }
 
  private:
   struct chunk {
@@ -1409,6 +1428,8 @@ class importer_counts {
     return {static_cast<std::int64_t*>(chunks_[chunk]) + i % k_chunk, i};
   }
   [[nodiscard]] int fd() const noexcept { return fd_; }  // after a take()
+  void fork_hold() noexcept { mu_.lock(); }  // (allocator_core::impl::fork_hold)
+  void fork_release(bool child) noexcept { release_after_fork(mu_, child); }
   // The processes that counted themselves in at slot `count` and not out (one killed
   // before it could stays counted).
   static std::int64_t load(std::int64_t* count) noexcept
@@ -3025,15 +3046,122 @@ struct allocator_core::impl {
     publish_all();
     return stats_locked();
   }
+
+  // ---- fork() ------------------------------------------------------------------------------
+  // Every lock of this allocator, taken before a fork in the order its operations take them
+  // (growth, the registry, the caches, then the leaves under a cache's lock), so the child
+  // gets it whole: no operation half done, no lock held by a thread the child lacks (which
+  // it would wait on for ever, glibc's malloc guards its arenas the same way).
+  void fork_hold() noexcept
+  {
+    grow_mu.lock();
+    registry_mu.lock();
+    try {
+      std::vector<cache_mutex*> all;  // one barrier for all the biases (lock_all)
+      all.reserve(caches.size());
+      for (const auto& c : caches) all.push_back(&c->mu);
+      cache_mutex::lock_many(all.data(), all.size());
+    } catch (...) {  // out of host memory: one by one, in the same order
+      for (const auto& c : caches) c->mu.lock();
+    }
+    figures.mu.lock();
+    small_table.fork_hold();
+    importers.fork_hold();
+    trace_mu.lock();
+    up->fork_hold();
+  }
+  // After the fork: given back in the parent; in the child (the forking thread alone) made
+  // free, and unbiased (the threads the caches were biased to are not there).
+  void fork_release(bool child) noexcept
+  {
+    up->fork_release(child);
+    release_after_fork(trace_mu, child);
+    importers.fork_release(child);
+    small_table.fork_release(child);
+    figures.mu.unlock();
+    for (const auto& c : caches) {
+      if (child) {
+        c->mu.reset_in_child();
+      } else {
+        c->mu.unlock();
+      }
+    }
+    release_after_fork(registry_mu, child);
+    release_after_fork(grow_mu, child);
+  }
+
+  // The allocators of this process, for the atfork handlers (registered with the first).
+  struct fork_list {
+    std::mutex mu;
+    std::vector<impl*> all;
+  };
+  static fork_list& forks() noexcept
+  {
+    static auto* const l = new fork_list;  // never destroyed: allocators may outlive statics
+    return *l;
+  }
+  static void enlist(impl* m)
+  {
+    static const bool registered = [] {
+      if (const int e = ::pthread_atfork(&fork_prepare, &fork_parent, &fork_child); e != 0) {
+        throw error("depot: caching allocator: pthread_atfork failed: " + std::string{std::strerror(e)},
+                    "pthread_atfork", __FILE__, __LINE__, e, "pool");
+      }
+      return true;
+    }();
+    (void)registered;
+    fork_list& l = forks();
+    std::lock_guard g{l.mu};
+    l.all.push_back(m);  // may throw std::bad_alloc: not listed, the caller gives up
+  }
+  static void delist(impl* m) noexcept
+  {
+    fork_list& l = forks();
+    std::lock_guard g{l.mu};
+    std::erase(l.all, m);
+  }
+  // The process-wide order: the pools' slots, the list, the stream registry's watchers
+  // (held across a stream's closing, which takes allocator locks), every allocator, then
+  // the leaves (imports, the live-stream set, the thread ids).
+  static void fork_prepare() noexcept
+  {
+    process_pool_mutex().lock();
+    fork_list& l = forks();
+    l.mu.lock();
+    stream_registry::fork_hold_watchers();
+    for (impl* m : l.all) m->fork_hold();
+    ipc_imports_fork_hold();
+    stream_registry::fork_hold_live();
+    biased_mutex::fork_hold_ids();
+  }
+  static void fork_after(bool child) noexcept
+  {
+    biased_mutex::fork_release_ids(child);
+    stream_registry::fork_release(child);
+    ipc_imports_fork_release(child);
+    fork_list& l = forks();
+    for (impl* m : l.all) m->fork_release(child);
+    release_after_fork(l.mu, child);
+    release_after_fork(process_pool_mutex(), child);
+  }
+  static void fork_parent() noexcept { fork_after(false); }
+  static void fork_child() noexcept { fork_after(true); }
 };
+
+std::mutex& process_pool_mutex() noexcept
+{
+  static auto* const m = new std::mutex;  // never destroyed (pools are made until exit)
+  return *m;
+}
 
 allocator_core::allocator_core(std::unique_ptr<upstream_resource> upstream, allocator_config config,
                                bool asynchronous)
     : impl_{std::make_unique<impl>(std::move(upstream), config, asynchronous)}
 {
+  impl::enlist(impl_.get());
 }
 
-allocator_core::~allocator_core() = default;
+allocator_core::~allocator_core() { impl::delist(impl_.get()); }
 
 void* allocator_core::allocate(std::size_t bytes, native_stream stream)
 {

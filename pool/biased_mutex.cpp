@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -85,6 +86,40 @@ void heavy_fence() noexcept
 
 }  // namespace
 
+void biased_mutex::reset_in_child() noexcept
+{
+  bias_.store(k_nobody, std::memory_order_relaxed);
+  busy_.store(0, std::memory_order_relaxed);
+  state_.store(0, std::memory_order_relaxed);
+  sleepers_.store(0, std::memory_order_relaxed);
+  busy_sleepers_.store(0, std::memory_order_relaxed);
+  biased_inside_ = false;
+  many_ = 0;
+  last_ = k_nobody;
+  owner_ = k_nobody;
+  run_ = 0;
+  need_ = k_first_run;
+  biased_at_ns_ = 0;
+}
+
+void biased_mutex::fork_hold_ids() noexcept { live().mu.lock(); }
+
+void biased_mutex::fork_release_ids(bool child) noexcept
+{
+  live_ids& l = live();
+  if (child) {
+    // The other threads' ids died with them: only the forking thread's stays.
+    std::construct_at(&l.mu);
+    if (id_ != k_no_id) {
+      l.ids.assign(1, id_);
+    } else {
+      l.ids.clear();
+    }
+    return;
+  }
+  l.mu.unlock();
+}
+
 void biased_mutex::relax() noexcept
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -110,17 +145,25 @@ bool biased_mutex::supported() noexcept
 
 std::uint64_t biased_mutex::barriers() noexcept { return barriers_issued.load(std::memory_order_relaxed); }
 
-// Each shared word in order (each bias dropped as its word is taken, the barrier not yet
-// issued: the biased thread may still enter meanwhile, which the wait below covers as it
-// covers a holder that entered before a lone revocation); then one barrier; then each
-// mutex waits for a biased holder inside to leave, as taken() does.
+// Each shared word in order (each bias but the calling thread's own dropped as its word is
+// taken, the barrier not yet issued: the biased thread may still enter meanwhile, which the
+// wait below covers as it covers a holder that entered before a lone revocation); then one
+// barrier; then each mutex waits for a biased holder inside to leave, as taken() does.
 void biased_mutex::lock_many(biased_mutex* const* ms, std::size_t n) noexcept
 {
   bool fence = false;
   for (std::size_t i = 0; i < n; ++i) {
     biased_mutex& m = *ms[i];
-    if (m.enter_if_biased()) continue;
+    // Every shared word, in order, also of a mutex biased to this thread (which keeps its
+    // bias: this thread is not inside it). Entering that one biased instead held it without
+    // its word: another thread taking the words in the same order then took it, and waited
+    // for this thread to leave while this one waited for a word of its: two readers of the
+    // statistics, each on a stream of its own, deadlocked.
     m.take_word();
+    if (id_ != k_no_id && m.bias_.load(std::memory_order_relaxed) == id_) {
+      m.many_ = 3;
+      continue;
+    }
     const bool dropped = m.drop_bias();
     m.many_ = dropped ? 2 : 1;
     fence = fence || dropped;
@@ -128,7 +171,10 @@ void biased_mutex::lock_many(biased_mutex* const* ms, std::size_t n) noexcept
   if (fence) heavy_fence();
   for (std::size_t i = 0; i < n; ++i) {
     biased_mutex& m = *ms[i];
-    if (m.many_ == 0) continue;  // entered biased above
+    if (m.many_ == 3) {  // its own bias: no biased holder to wait for
+      m.many_ = 0;
+      continue;
+    }
     if (m.many_ == 2) m.note_revoked();
     m.many_ = 0;
     m.wait_out(true);

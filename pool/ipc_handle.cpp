@@ -2,6 +2,7 @@
 // Part of depot: the memory layer for host, CUDA and HIP tensor data.
 #include <depot/hal/error.hpp>
 #include <depot/hal/expects.hpp>
+#include <depot/pool/detail/fork_hooks.hpp>
 #include <depot/pool/ipc_handle.hpp>
 #include <depot/pool/ipc_mapping.hpp>
 
@@ -21,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 #include <vector>
@@ -437,6 +439,17 @@ void ipc_detach(const ipc_handle& h, const ipc_backend& backend) noexcept
       count_out(it->second);
     }
     r.erase(it);
+  }
+}
+
+void ipc_imports_fork_hold() noexcept { registry_mutex().lock(); }
+
+void ipc_imports_fork_release(bool child) noexcept
+{
+  if (child) {
+    std::construct_at(&registry_mutex());  // held by the forking thread: made anew
+  } else {
+    registry_mutex().unlock();
   }
 }
 

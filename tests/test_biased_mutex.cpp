@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -281,7 +282,7 @@ TEST_CASE("pool: biased lock: lock_many takes every lock with one barrier for al
     CHECK(m->try_lock());
     m->unlock();
   }
-  // lock_many on locks biased to the caller enters them biased: no barrier
+  // lock_many on locks biased to the caller takes their words and keeps their biases: no barrier
   for (biased_mutex* m : all) take_run(*m, 2 * biased_mutex::k_first_run);
   const std::uint64_t before_own = biased_mutex::barriers();
   biased_mutex::lock_many(all.data(), all.size());
@@ -291,4 +292,44 @@ TEST_CASE("pool: biased lock: lock_many takes every lock with one barrier for al
   }).join();
   for (biased_mutex* m : all) m->unlock();
   for (biased_mutex* m : all) CHECK(m->biased_to_me() == supported);
+}
+
+// Two threads, each with a lock biased to it, taking both with lock_many in one order, over
+// and over. lock_many entered a lock biased to its caller without its shared word: the other
+// thread then took that word, dropped the bias and waited for the first to leave it, while
+// the first waited for the word of the other's own lock, which the other had entered
+// biased. Both stopped for good within a few rounds.
+TEST_CASE("pool: biased lock: lock_many by two threads, each with a lock biased to it, never deadlocks")
+{
+  biased_mutex m0{true, 0};  // every bias paid off: each round's run biases it again
+  biased_mutex m1{true, 0};
+  biased_mutex* const both[] = {&m0, &m1};
+  constexpr int k_rounds = 2000;
+  std::atomic<int> finished{0};
+  std::atomic<long> inside{0};
+  std::atomic<long> overlaps{0};  // both holding every lock at once: must never happen
+  const auto run = [&](biased_mutex& own) {
+    for (int r = 0; r < k_rounds; ++r) {
+      take_run(own, 2 * biased_mutex::k_first_run);  // (re)biased to this thread
+      biased_mutex::lock_many(both, 2);
+      if (inside.fetch_add(1) != 0) overlaps.fetch_add(1);
+      inside.fetch_sub(1);
+      m0.unlock();
+      m1.unlock();
+    }
+    finished.fetch_add(1);
+  };
+  std::thread t0([&] { run(m0); });
+  std::thread t1([&] { run(m1); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (finished.load() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (finished.load() < 2) {  // deadlocked: the threads cannot be joined
+    std::fprintf(stderr, "biased lock: lock_many by two threads still waiting after 120 s\n");
+    std::abort();
+  }
+  t0.join();
+  t1.join();
+  CHECK(overlaps.load() == 0);
 }

@@ -42,6 +42,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -1103,6 +1104,148 @@ struct fake_pages {
   static constexpr depot::detail::ipc_backend backend{&open, &close, &open_pages, &close_pages};
 };
 }  // namespace
+
+// Readers of the statistics on threads that each work on a stream of their own: stats()
+// takes every cache's lock, in one order, while each reader's own cache is biased to it.
+// lock_many() entered a cache biased to its caller without its shared word, so a second
+// reader took that word and waited for the first to leave it, while the first waited for a
+// word of the second's: both stopped for good within a few thousand operations.
+TEST_CASE_TEMPLATE("pool: readers of the statistics, each on a stream of its own", D, DEPOT_TEST_DEVICES)
+{
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  constexpr int k_threads = 4;
+  constexpr int k_ops = 20000;
+  std::vector<depot::stream<D>> streams(k_threads);
+  std::atomic<int> finished{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < k_threads; ++t) {
+    threads.emplace_back([&, t] {
+      const auto s = depot::stream_ref<D>{streams[static_cast<std::size_t>(t)].native()};
+      void* held[8] = {};
+      for (int i = 0; i < k_ops; ++i) {
+        void*& p = held[i % 8];
+        if (p != nullptr) a.deallocate(p, s);
+        p = a.allocate(std::size_t{512} << (i % 12), s);
+        if (i % 16 == t) (void)a.stats();
+      }
+      for (void* p : held) a.deallocate(p, s);
+      finished.fetch_add(1);
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (finished.load() < k_threads && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (finished.load() < k_threads) {  // deadlocked: the threads cannot be joined
+    std::fprintf(stderr, "pool: readers of the statistics: %d of %d threads still waiting after 120 s\n",
+                 k_threads - finished.load(), k_threads);
+    std::abort();
+  }
+  for (auto& t : threads) t.join();
+  const depot::memory_stats st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.num_allocations.all.allocated == std::int64_t{k_threads} * k_ops);
+}
+
+// fork() while other threads are inside the allocator: its atfork handlers hold every
+// lock through the fork, so the child (one thread) finds no operation half done and no lock
+// held by a thread it lacks. Without them a child that used a cache biased to a worker
+// inside it waited for ever. Host only: a CUDA or HIP child cannot use its parent's device.
+TEST_CASE("pool: a child of fork() uses the allocators its parent's threads were inside")
+{
+  depot::caching_allocator<depot::host> a{0, quiet_config<depot::host>()};
+  depot::caching_allocator<depot::host>& shared = depot::pool<depot::host>();
+  constexpr int k_workers = 3;
+  std::vector<depot::stream<depot::host>> streams(k_workers);
+  std::atomic<bool> stop{false};
+  std::atomic<long> rounds{0};
+  const std::uint64_t seed = depot::test::seed("pool fork", 23);
+  std::vector<std::thread> workers;
+  for (int w = 0; w < k_workers; ++w) {
+    workers.emplace_back([&, w] {
+      std::mt19937_64 rng{seed + static_cast<std::uint64_t>(w)};
+      const auto s = depot::stream_ref<depot::host>{streams[static_cast<std::size_t>(w)].native()};
+      std::vector<void*> live;
+      for (long i = 0; !stop.load(std::memory_order_relaxed); ++i) {
+        const std::size_t n = std::size_t{1} << (rng() % 22);  // 1 B - 2 MiB: every pool
+        live.push_back(w == 2 ? shared.allocate(n, s) : a.allocate(n, s));
+        if (live.size() > 16 || rng() % 2 == 0) {
+          const std::size_t k = rng() % live.size();
+          (w == 2 ? shared : a).deallocate(live[k], s);
+          live[k] = live.back();
+          live.pop_back();
+        }
+        if (i % 512 == 0) (void)a.stats();      // every cache's lock at once
+        if (i % 4096 == 0 && w == 1) a.empty_cache();  // segments back, caches changed
+        rounds.fetch_add(1, std::memory_order_relaxed);
+      }
+      for (void* p : live) (w == 2 ? shared : a).deallocate(p, s);
+    });
+  }
+  while (rounds.load() < 10000) std::this_thread::yield();
+  // The child: one thread, on every worker's stream and a new one; its exit code says what
+  // failed (a hang is the parent's deadline).
+  const auto child = [&]() noexcept -> int {
+    try {
+      depot::stream<depot::host> fresh;
+      for (int w = 0; w <= k_workers; ++w) {
+        const auto s = depot::stream_ref<depot::host>{w < k_workers ? streams[static_cast<std::size_t>(w)].native()
+                                                                    : fresh.native()};
+        for (std::size_t n : {std::size_t{100}, std::size_t{64} << 10, std::size_t{3} << 20}) {
+          void* p = a.allocate(n, s);
+          void* q = shared.allocate(n, s);
+          if (p == nullptr || q == nullptr) return 3;
+          std::memset(p, 0x5A, n);
+          std::memset(q, 0xA5, n);
+          a.deallocate(p, s);
+          shared.deallocate(q, s);
+        }
+      }
+      const depot::memory_stats st = a.stats();
+      std::int64_t sum = 0;
+      for (const auto& seg : a.snapshot().segments) sum += static_cast<std::int64_t>(seg.size);
+      if (sum != st.reserved_bytes.all.current) return 4;  // snapshot and figures agree
+      a.empty_cache();
+      (void)shared.stats();
+      return 0;
+    } catch (...) {
+      return 2;
+    }
+  };
+  int hung = 0;
+  int failed = 0;
+  constexpr int k_forks = 24;
+  for (int f = 0; f < k_forks; ++f) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1 + f % 3));
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) ::_exit(child());
+    int status = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    pid_t done = 0;
+    while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (done == 0) {  // still running: hung on a lock (no need to wait for more of them)
+      ::kill(pid, SIGKILL);
+      (void)::waitpid(pid, &status, 0);
+      ++hung;
+      break;
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      INFO("fork ", f, ": child status ", status);
+      ++failed;
+    }
+  }
+  stop = true;
+  for (auto& t : workers) t.join();
+  CHECK(hung == 0);
+  CHECK(failed == 0);
+  // The parent goes on: its locks were given back.
+  void* p = a.allocate(1 << 20, depot::stream_ref<depot::host>{streams[0].native()});
+  a.deallocate(p, depot::stream_ref<depot::host>{streams[0].native()});
+  CHECK(a.stats().allocated_bytes.all.current == 0);
+}
 
 // The importer's side of a block of an expandable segment, without a GPU: the page
 // descriptors are taken from another process (pidfd_getfd), handed to the backend, closed

@@ -42,6 +42,14 @@ class stream_registry {
   // and never calls it again: call it before the watcher is destroyed.
   static void watch(watcher* w);
   static void unwatch(watcher* w) noexcept;
+
+  // fork() support, for the allocators' atfork handlers (pool/, which order every lock of
+  // the process around a fork): hold the watchers' lock (taken before any allocator's), then
+  // the live set's (a leaf, taken after them); fork_release() gives both back in the
+  // parent, and in the child (one thread, the forking one) makes both anew.
+  static void fork_hold_watchers() noexcept;
+  static void fork_hold_live() noexcept;
+  static void fork_release(bool child) noexcept;
 };
 
 }  // namespace depot

@@ -26,8 +26,10 @@ namespace depot {
 // a large pool; free blocks are split and coalesced; finding a block is O(1).
 // Stream semantics: memory freed on stream S is reusable at once by later work on S; use on
 // other streams is declared with record_stream() and delays reuse until their events
-// complete. Thread-safe; threads on different streams do not share a lock on a cache hit.
-// Owns its segments and returns them to the upstream in empty_cache() and on destruction.
+// complete. Thread-safe; threads on different streams do not share a lock on a cache hit;
+// a fork() while threads are inside leaves the child (one thread) a whole allocator, its
+// locks free (atfork handlers hold them across the fork). Owns its segments and returns
+// them to the upstream in empty_cache() and on destruction.
 template <device D>
 class caching_allocator {
  public:

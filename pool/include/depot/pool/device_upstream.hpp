@@ -7,6 +7,7 @@
 #include <depot/pool/upstream_resource.hpp>
 
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -94,6 +95,15 @@ class device_upstream final : public upstream_resource {
     runtime<D>::destroy_event(event, device_);
   }
   void synchronize_device() override { runtime<D>::synchronize(device_); }
+  void fork_hold() noexcept override { events_mu_.lock(); }
+  void fork_release(bool child) noexcept override
+  {
+    if (child) {
+      std::construct_at(&events_mu_);  // held by the forking thread: made anew
+    } else {
+      events_mu_.unlock();
+    }
+  }
   [[nodiscard]] ipc_memory_handle ipc_export(void* segment) override
   {
     if (pinned_) return upstream_resource::ipc_export(segment);  // pinned host: process-private

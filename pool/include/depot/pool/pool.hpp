@@ -5,6 +5,7 @@
 #include <depot/hal/device.hpp>
 #include <depot/hal/runtime.hpp>
 #include <depot/pool/caching_allocator.hpp>
+#include <depot/pool/detail/fork_hooks.hpp>
 #include <depot/pool/device_upstream.hpp>
 
 #include <cstdlib>
@@ -42,8 +43,7 @@ template <device D, bool Pinned>
 caching_allocator<D>& process_pool(int device)
 {
   runtime<D>::check_device(device);
-  static std::mutex mu;
-  std::lock_guard g{mu};
+  std::lock_guard g{process_pool_mutex()};  // the library's (held across a fork)
   auto& slot = process_pools<D, Pinned>()[static_cast<std::size_t>(device)];
   if (slot == nullptr) {
     slot = new caching_allocator<D>(std::make_unique<device_upstream<D>>(device, Pinned),

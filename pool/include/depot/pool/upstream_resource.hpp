@@ -103,6 +103,13 @@ class upstream_resource {
                                       "CUDA and HIP device memory can)");
   }
 
+  // fork() support (the allocator's atfork handlers): hold every lock of this upstream that
+  // an allocator's operation may take, after the allocator's own; give them back in the
+  // parent, make them anew in the child (one thread: the forking one). An upstream with
+  // no lock of its own leaves both as they are.
+  virtual void fork_hold() noexcept {}
+  virtual void fork_release(bool child) noexcept { (void)child; }
+
  private:
   static constexpr const char* k_no_vm =
       "this upstream cannot map memory into reserved addresses (no expandable segments)";

@@ -61,6 +61,15 @@ class biased_mutex {
   // stream cache: stats(), snapshot()). Not to be mixed with other locks held by the caller
   // in another order (as any lock order).
   static void lock_many(biased_mutex* const* ms, std::size_t n) noexcept;
+
+  // fork() support (the allocators' atfork handlers). In the child, where only the forking
+  // thread lives: reset_in_child() makes a mutex free and unbiased whatever it was (the
+  // forking thread held it through the fork, or the thread it was biased to is gone).
+  // fork_hold_ids() / fork_release_ids() hold the list of live thread ids across the fork
+  // (a leaf lock: taken after every mutex).
+  void reset_in_child() noexcept;
+  static void fork_hold_ids() noexcept;
+  static void fork_release_ids(bool child) noexcept;
   // Barriers issued so far by every biased_mutex of the process (for tests and figures).
   [[nodiscard]] static std::uint64_t barriers() noexcept;
 

@@ -1,0 +1,20 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#pragma once
+
+// fork() support: locks outside the allocators that their atfork handlers (allocator_core.cpp)
+// hold across a fork, in the process-wide order those handlers keep. Not for direct use.
+#include <mutex>
+
+namespace depot::detail {
+
+// The lock of the process-wide pools' slots (pool<D>(), pinned_pool<D>()): the first one
+// taken before a fork, since a pool is made under it.
+[[nodiscard]] std::mutex& process_pool_mutex() noexcept;
+
+// The lock of this process's registry of imported segments (ipc_mapping): held across a
+// fork after every allocator's locks; in the child made anew.
+void ipc_imports_fork_hold() noexcept;
+void ipc_imports_fork_release(bool child) noexcept;
+
+}  // namespace depot::detail
