@@ -87,7 +87,6 @@ void release_after_fork(Mutex& m, bool child) noexcept
   }
 }
 
-
 constexpr std::size_t k_align = 512;
 constexpr std::size_t k_small_request = std::size_t{1} << 20;   // <= 1 MiB: small pool
 constexpr std::size_t k_small_segment = std::size_t{2} << 20;
@@ -3051,7 +3050,7 @@ struct allocator_core::impl {
   // Every lock of this allocator, taken before a fork in the order its operations take them
   // (growth, the registry, the caches, then the leaves under a cache's lock), so the child
   // gets it whole: no operation half done, no lock held by a thread the child lacks (which
-  // it would wait on for ever, glibc's malloc guards its arenas the same way).
+  // it would wait on for ever; glibc's malloc guards its arenas the same way).
   void fork_hold() noexcept
   {
     grow_mu.lock();
