@@ -1156,6 +1156,16 @@ TEST_CASE("pool: a child of fork() uses the allocators its parent's threads were
   depot::caching_allocator<depot::host> a{0, quiet_config<depot::host>()};
   depot::caching_allocator<depot::host>& shared = depot::pool<depot::host>();
   constexpr int k_workers = 3;
+  // The workers' statistics and empty_cache() calls use the heap (their lists of locks,
+  // segments given back and made again). GCC 12's AddressSanitizer holds no lock of its
+  // heap across a fork, so under it a child could wait on the sanitizer's own lock, which
+  // is not depot's to hold: there the workers keep to allocations and frees, which after
+  // their first rounds touch no heap.
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr bool k_heap_calls = false;
+#else
+  constexpr bool k_heap_calls = true;
+#endif
   std::vector<depot::stream<depot::host>> streams(k_workers);
   std::atomic<bool> stop{false};
   std::atomic<long> rounds{0};
@@ -1175,8 +1185,10 @@ TEST_CASE("pool: a child of fork() uses the allocators its parent's threads were
           live[k] = live.back();
           live.pop_back();
         }
-        if (i % 512 == 0) (void)a.stats();      // every cache's lock at once
-        if (i % 4096 == 0 && w == 1) a.empty_cache();  // segments back, caches changed
+        if constexpr (k_heap_calls) {
+          if (i % 512 == 0) (void)a.stats();      // every cache's lock at once
+          if (i % 4096 == 0 && w == 1) a.empty_cache();  // segments back, caches changed
+        }
         rounds.fetch_add(1, std::memory_order_relaxed);
       }
       for (void* p : live) (w == 2 ? shared : a).deallocate(p, s);
