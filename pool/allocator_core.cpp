@@ -74,19 +74,6 @@ namespace depot::detail {
 
 namespace {
 
-// After a fork: a std mutex the forking thread held through it is given back in the
-// parent, and made anew in the child (where that thread runs under a new thread id, which
-// a read-write lock's unlock would misread; nothing else can hold it there).
-template <class Mutex>
-void release_after_fork(Mutex& m, bool child) noexcept
-{
-  if (child) {
-    std::construct_at(&m);
-  } else {
-    m.unlock();
-  }
-}
-
 constexpr std::size_t k_align = 512;
 constexpr std::size_t k_small_request = std::size_t{1} << 20;   // <= 1 MiB: small pool
 constexpr std::size_t k_small_segment = std::size_t{2} << 20;
@@ -3056,11 +3043,10 @@ struct allocator_core::impl {
     grow_mu.lock();
     registry_mu.lock();
     try {
-      std::vector<cache_mutex*> all;  // one barrier for all the biases (lock_all)
-      all.reserve(caches.size());
-      for (const auto& c : caches) all.push_back(&c->mu);
-      cache_mutex::lock_many(all.data(), all.size());
-    } catch (...) {  // out of host memory: one by one, in the same order
+      std::vector<std::unique_lock<cache_mutex>> locks;
+      lock_all(locks);  // one barrier for all the biases
+      for (auto& l : locks) l.release();  // held until fork_release()
+    } catch (...) {  // out of host memory (before any lock was taken): one by one, in order
       for (const auto& c : caches) c->mu.lock();
     }
     figures.mu.lock();

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // Part of depot: the memory layer for host, CUDA and HIP tensor data.
 #include <depot/pool/detail/biased_mutex.hpp>
+#include <depot/pool/detail/fork_hooks.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -109,15 +109,13 @@ void biased_mutex::fork_release_ids(bool child) noexcept
   live_ids& l = live();
   if (child) {
     // The other threads' ids died with them: only the forking thread's stays.
-    std::construct_at(&l.mu);
     if (id_ != k_no_id) {
       l.ids.assign(1, id_);
     } else {
       l.ids.clear();
     }
-    return;
   }
-  l.mu.unlock();
+  release_after_fork(l.mu, child);
 }
 
 void biased_mutex::relax() noexcept

@@ -22,7 +22,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <memory>
 #include <mutex>
 #include <tuple>
 #include <vector>
@@ -444,14 +443,7 @@ void ipc_detach(const ipc_handle& h, const ipc_backend& backend) noexcept
 
 void ipc_imports_fork_hold() noexcept { registry_mutex().lock(); }
 
-void ipc_imports_fork_release(bool child) noexcept
-{
-  if (child) {
-    std::construct_at(&registry_mutex());  // held by the forking thread: made anew
-  } else {
-    registry_mutex().unlock();
-  }
-}
+void ipc_imports_fork_release(bool child) noexcept { release_after_fork(registry_mutex(), child); }
 
 }  // namespace detail
 

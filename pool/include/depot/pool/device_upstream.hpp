@@ -4,10 +4,10 @@
 
 #include <depot/hal/device.hpp>
 #include <depot/hal/runtime.hpp>
+#include <depot/pool/detail/fork_hooks.hpp>
 #include <depot/pool/upstream_resource.hpp>
 
 #include <cstddef>
-#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -96,14 +96,7 @@ class device_upstream final : public upstream_resource {
   }
   void synchronize_device() override { runtime<D>::synchronize(device_); }
   void fork_hold() noexcept override { events_mu_.lock(); }
-  void fork_release(bool child) noexcept override
-  {
-    if (child) {
-      std::construct_at(&events_mu_);  // held by the forking thread: made anew
-    } else {
-      events_mu_.unlock();
-    }
-  }
+  void fork_release(bool child) noexcept override { detail::release_after_fork(events_mu_, child); }
   [[nodiscard]] ipc_memory_handle ipc_export(void* segment) override
   {
     if (pinned_) return upstream_resource::ipc_export(segment);  // pinned host: process-private

@@ -4,9 +4,23 @@
 
 // fork() support: locks outside the allocators that their atfork handlers (allocator_core.cpp)
 // hold across a fork, in the process-wide order those handlers keep. Not for direct use.
+#include <memory>
 #include <mutex>
 
 namespace depot::detail {
+
+// After a fork: a std mutex the forking thread held through it is given back in the
+// parent, and made anew in the child (where that thread runs under a new thread id, which
+// a read-write lock's unlock would misread; nothing else can hold it there).
+template <class Mutex>
+void release_after_fork(Mutex& m, bool child) noexcept
+{
+  if (child) {
+    std::construct_at(&m);
+  } else {
+    m.unlock();
+  }
+}
 
 // The lock of the process-wide pools' slots (pool<D>(), pinned_pool<D>()): the first one
 // taken before a fork, since a pool is made under it.
