@@ -3,6 +3,8 @@
 // The stream caches' lock (pool/include/depot/pool/detail/biased_mutex.hpp): exclusion in
 // every mix of biased and ordinary takes, revocation while the biased thread is inside or
 // gone, the run before a bias and its doubling. Host-only: it is the same on every backend.
+#include "test_devices.hpp"
+
 #include <doctest/doctest.h>
 
 #include <depot/pool/detail/biased_mutex.hpp>
@@ -11,7 +13,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -321,14 +322,7 @@ TEST_CASE("pool: biased lock: lock_many by two threads, each with a lock biased 
   };
   std::thread t0([&] { run(m0); });
   std::thread t1([&] { run(m1); });
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (finished.load() < 2 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  if (finished.load() < 2) {  // deadlocked: the threads cannot be joined
-    std::fprintf(stderr, "biased lock: lock_many by two threads still waiting after 120 s\n");
-    std::abort();
-  }
+  depot::test::wait_or_abort(finished, 2, "biased lock: lock_many by two threads");
   t0.join();
   t1.join();
   CHECK(overlaps.load() == 0);

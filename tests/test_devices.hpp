@@ -7,8 +7,12 @@
 #include <depot/config.hpp>
 #include <depot/hal/device.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 
 #if DEPOT_HAS_CUDA
 #define DEPOT_TEST_DEVICES depot::host, depot::cuda
@@ -25,6 +29,21 @@ inline std::uint64_t seed(const char* test_name, std::uint64_t value)
 {
   std::printf("[seed] %s: %llu\n", test_name, static_cast<unsigned long long>(value));
   return value;
+}
+
+// Waits until `finished` reaches `count` (threads that count themselves out as they end).
+// Threads still running after 120 s are deadlocked and cannot be joined: says so on stderr
+// and aborts the test run.
+inline void wait_or_abort(const std::atomic<int>& finished, int count, const char* what)
+{
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (finished.load() < count && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (finished.load() < count) {
+    std::fprintf(stderr, "%s: %d of %d threads still waiting after 120 s\n", what, count - finished.load(), count);
+    std::abort();
+  }
 }
 
 }  // namespace depot::test

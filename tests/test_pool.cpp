@@ -1132,15 +1132,7 @@ TEST_CASE_TEMPLATE("pool: readers of the statistics, each on a stream of its own
       finished.fetch_add(1);
     });
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (finished.load() < k_threads && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  if (finished.load() < k_threads) {  // deadlocked: the threads cannot be joined
-    std::fprintf(stderr, "pool: readers of the statistics: %d of %d threads still waiting after 120 s\n",
-                 k_threads - finished.load(), k_threads);
-    std::abort();
-  }
+  depot::test::wait_or_abort(finished, k_threads, "pool: readers of the statistics");
   for (auto& t : threads) t.join();
   const depot::memory_stats st = a.stats();
   CHECK(st.allocated_bytes.all.current == 0);
