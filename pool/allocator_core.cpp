@@ -38,6 +38,7 @@
 #include <depot/pool/detail/allocator_core.hpp>
 #include <depot/pool/detail/biased_mutex.hpp>
 #include <depot/pool/detail/fork_hooks.hpp>
+#include <depot/pool/detail/fork_leaf_mutex.hpp>
 #include <depot/pool/ipc_mapping.hpp>
 
 #include <fcntl.h>
@@ -3087,14 +3088,7 @@ struct allocator_core::impl {
   }
   static void enlist(impl* m)
   {
-    static const bool registered = [] {
-      if (const int e = ::pthread_atfork(&fork_prepare, &fork_parent, &fork_child); e != 0) {
-        throw error("depot: caching allocator: pthread_atfork failed: " + std::string{std::strerror(e)},
-                    "pthread_atfork", __FILE__, __LINE__, e, "pool");
-      }
-      return true;
-    }();
-    (void)registered;
+    install_fork_handlers();
     fork_list& l = forks();
     std::lock_guard g{l.mu};
     l.all.push_back(m);  // may throw std::bad_alloc: not listed, the caller gives up
@@ -3107,7 +3101,7 @@ struct allocator_core::impl {
   }
   // The process-wide order: the pools' slots, the list, the stream registry's watchers
   // (held across a stream's closing, which takes allocator locks), every allocator, then
-  // the leaves (imports, the live-stream set, the thread ids).
+  // the leaves (imports, the live-stream set, the thread ids, then fork_leaf_mutex's list).
   static void fork_prepare() noexcept
   {
     process_pool_mutex().lock();
@@ -3118,9 +3112,11 @@ struct allocator_core::impl {
     ipc_imports_fork_hold();
     stream_registry::fork_hold_live();
     biased_mutex::fork_hold_ids();
+    fork_leaf_mutex::fork_hold_all();
   }
   static void fork_after(bool child) noexcept
   {
+    fork_leaf_mutex::fork_release_all(child);
     biased_mutex::fork_release_ids(child);
     stream_registry::fork_release(child);
     ipc_imports_fork_release(child);
@@ -3132,6 +3128,20 @@ struct allocator_core::impl {
   static void fork_parent() noexcept { fork_after(false); }
   static void fork_child() noexcept { fork_after(true); }
 };
+
+void install_fork_handlers()
+{
+  static const bool registered = [] {
+    if (const int e = ::pthread_atfork(&allocator_core::impl::fork_prepare, &allocator_core::impl::fork_parent,
+                                       &allocator_core::impl::fork_child);
+        e != 0) {
+      throw error("depot: pthread_atfork failed: " + std::string{std::strerror(e)}, "pthread_atfork", __FILE__,
+                  __LINE__, e, "pool");
+    }
+    return true;
+  }();
+  (void)registered;
+}
 
 std::mutex& process_pool_mutex() noexcept
 {

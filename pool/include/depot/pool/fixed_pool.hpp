@@ -8,6 +8,7 @@
 #include <depot/hal/format_bytes.hpp>
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/hal/runtime.hpp>
+#include <depot/pool/detail/fork_leaf_mutex.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -40,7 +41,8 @@ struct fixed_pool_stats {
 // MemoryPool): one upstream allocation made up front, cut into pool_size / block_size
 // blocks of block_size bytes (rounded up to 256, the alignment of every block). allocate()
 // and deallocate() are O(1) and never touch the backend; when every block is in use,
-// allocate() throws depot::out_of_memory. Thread-safe (one mutex). Owns its memory.
+// allocate() throws depot::out_of_memory. Thread-safe (one mutex, held across a fork() so
+// that the child finds the pool whole). Owns its memory.
 template <device D>
 class fixed_pool {
  public:
@@ -152,7 +154,7 @@ class fixed_pool {
   std::size_t blocks_ = 0;
   std::size_t pool_size_ = 0;
   std::byte* base_ = nullptr;
-  mutable std::mutex mu_;
+  mutable detail::fork_leaf_mutex mu_;
   std::vector<std::size_t> free_;  // a stack of free block indices
   std::vector<bool> used_;
   std::size_t peak_used_ = 0;

@@ -6,6 +6,7 @@
 #include <depot/hal/expects.hpp>
 #include <depot/hal/format_bytes.hpp>
 #include <depot/hal/out_of_memory.hpp>
+#include <depot/pool/detail/fork_leaf_mutex.hpp>
 #include <depot/pool/upstream_resource.hpp>
 
 #include <algorithm>
@@ -23,7 +24,8 @@ namespace depot {
 // `capacity` bytes are taken, each allocation charged in multiples of `granularity` (2 MiB
 // by default, as CUDA backs allocations). Events are always complete: work is instant.
 // Lets a caching_allocator replay a trace recorded on an 80 GB GPU on the CPU to ask
-// whether it fits in 40 GB. Thread-safe; counts usage, peak, failures and bad frees.
+// whether it fits in 40 GB. Thread-safe (fork() included); counts usage, peak, failures and
+// bad frees.
 class simulated_upstream final : public upstream_resource {
  public:
   struct usage {
@@ -111,7 +113,7 @@ class simulated_upstream final : public upstream_resource {
   const std::size_t capacity_;
   const std::size_t granularity_;
   const device_id device_;
-  mutable std::mutex mu_;
+  mutable detail::fork_leaf_mutex mu_;  // held across a fork (a leaf: taken under no other)
   usage u_;
   std::uintptr_t next_ = std::uintptr_t{1} << 44;  // far from anything real
   std::uintptr_t events_ = 0;

@@ -50,6 +50,7 @@ class allocator_core {
   [[nodiscard]] device_id device() const noexcept;
 
  private:
+  friend void install_fork_handlers();  // (fork_hooks.hpp) registers impl's atfork handlers
   struct impl;
   std::unique_ptr<impl> impl_;
 };

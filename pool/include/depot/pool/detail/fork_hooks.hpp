@@ -22,6 +22,10 @@ void release_after_fork(Mutex& m, bool child) noexcept
   }
 }
 
+// Registers the atfork handlers (allocator_core.cpp) once per process; throws depot::error
+// where pthread_atfork fails. Called by every allocator and fork_leaf_mutex as it is made.
+void install_fork_handlers();
+
 // The lock of the process-wide pools' slots (pool<D>(), pinned_pool<D>()): the first one
 // taken before a fork, since a pool is made under it.
 [[nodiscard]] std::mutex& process_pool_mutex() noexcept;
