@@ -1148,6 +1148,10 @@ void check_forks(int forks, const Child& child, std::atomic<bool>& stop, std::ve
 {
   int hung = 0;
   int failed = 0;
+  // A fork() that never returns (its handlers waiting for a lock) stops the run with a
+  // message, not a silent hang.
+  std::atomic<int> forked{0};
+  std::thread watchdog{[&] { depot::test::wait_or_abort(forked, 1, "check_forks: fork() in the parent"); }};
   for (int f = 0; f < forks && hung == 0; ++f) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1 + f % 3));
     const pid_t pid = ::fork();
@@ -1175,6 +1179,8 @@ void check_forks(int forks, const Child& child, std::atomic<bool>& stop, std::ve
       ++failed;
     }
   }
+  forked = 1;
+  watchdog.join();
   stop = true;
   for (auto& t : workers) t.join();
   CHECK(hung == 0);
@@ -1293,6 +1299,10 @@ TEST_CASE("pool: a child of fork() uses the fixed_pool and simulated_upstream it
         } else if (w == 1) {
           (void)fp.get_stats();  // the lock held for the walk of every block
           fp.defragment();
+          // A pause between walks: a thread that takes a lock again the moment it gives it
+          // back can keep a waiting fork() out for good (std::mutex is not fair), as it
+          // could keep out any other waiter.
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
         } else {
           live.push_back(fp.allocate());
           if (live.size() == 64 || rng() % 2 == 0) {
