@@ -3,6 +3,8 @@
 #include <depot/pool/detail/fork_hooks.hpp>
 #include <depot/pool/detail/fork_leaf_mutex.hpp>
 
+#include <thread>
+
 namespace depot::detail {
 namespace {
 
@@ -39,10 +41,18 @@ fork_leaf_mutex::~fork_leaf_mutex()
   if (next_ != nullptr) next_->prev_ = prev_;
 }
 
+std::atomic<bool> fork_leaf_mutex::fork_pending_{false};
+
+void fork_leaf_mutex::wait_for_fork() noexcept
+{
+  while (fork_pending_.load(std::memory_order_acquire)) std::this_thread::yield();
+}
+
 void fork_leaf_mutex::fork_hold_all() noexcept
 {
   leaf_list& l = leaves();
   l.mu.lock();
+  fork_pending_.store(true, std::memory_order_seq_cst);
   for (fork_leaf_mutex* m = l.head; m != nullptr; m = m->next_) m->mu_.lock();
 }
 
@@ -50,6 +60,7 @@ void fork_leaf_mutex::fork_release_all(bool child) noexcept
 {
   leaf_list& l = leaves();
   for (fork_leaf_mutex* m = l.head; m != nullptr; m = m->next_) release_after_fork(m->mu_, child);
+  fork_pending_.store(false, std::memory_order_release);
   release_after_fork(l.mu, child);
 }
 
