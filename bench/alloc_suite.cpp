@@ -170,7 +170,7 @@ void run_workload(const Allocate& allocate, const Deallocate& deallocate, const 
 // (run_workload instantiated with them), so each allocator is called as its users call it
 // (depot's pool and the runtime's functions directly, torch through its allocator's virtual
 // calls), where a loop over type-erased calls cost every allocator two indirect calls per
-// pair, ~5 % of depot's pair at the 64 MiB rows.
+// pair: ~20 instructions, 1-7 % of depot's pair on the dev VM (BENCHMARKS.md, "Harness").
 template <class Allocate, class Deallocate, class Reset>
 allocator_under_test under_test(std::string name, Allocate allocate, Deallocate deallocate, Reset reset)
 {
