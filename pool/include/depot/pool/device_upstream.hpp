@@ -4,7 +4,7 @@
 
 #include <depot/hal/device.hpp>
 #include <depot/hal/runtime.hpp>
-#include <depot/pool/detail/fork_hooks.hpp>
+#include <depot/pool/detail/fork_leaf_mutex.hpp>
 #include <depot/pool/upstream_resource.hpp>
 
 #include <cstddef>
@@ -16,8 +16,9 @@ namespace depot {
 // Device memory of backend D straight from the HAL (cudaMalloc / hipMalloc / the heap),
 // with D's events. `pinned = true` takes pinned host memory instead (cudaMallocHost /
 // hipHostMalloc), still ordered by D's streams: the upstream of the pinned host pool.
-// Thread-safe (the HAL is). Destroyed events are kept (up to 64) and recorded again: an
-// event taken from the backend costs more driver calls than recording one.
+// Thread-safe, fork() included (the HAL is; its one lock is a fork_leaf_mutex). Destroyed
+// events are kept (up to 64) and recorded again: an event taken from the backend costs more
+// driver calls than recording one.
 template <device D>
 class device_upstream final : public upstream_resource {
  public:
@@ -82,6 +83,7 @@ class device_upstream final : public upstream_resource {
   {
     runtime<D>::wait_event(stream, event);
   }
+  [[nodiscard]] bool stream_idle(native_stream stream) noexcept override { return runtime<D>::stream_idle(stream); }
   void destroy_event(native_event event) noexcept override
   {
     if (event == nullptr) return;
@@ -95,8 +97,6 @@ class device_upstream final : public upstream_resource {
     runtime<D>::destroy_event(event, device_);
   }
   void synchronize_device() override { runtime<D>::synchronize(device_); }
-  void fork_hold() noexcept override { events_mu_.lock(); }
-  void fork_release(bool child) noexcept override { detail::release_after_fork(events_mu_, child); }
   [[nodiscard]] ipc_memory_handle ipc_export(void* segment) override
   {
     if (pinned_) return upstream_resource::ipc_export(segment);  // pinned host: process-private
@@ -135,7 +135,7 @@ class device_upstream final : public upstream_resource {
   static constexpr std::size_t k_spare_events = 64;
   int device_;
   bool pinned_;
-  std::mutex events_mu_;
+  detail::fork_leaf_mutex events_mu_;  // held across a fork (a leaf: taken under no other)
   std::vector<native_event> spare_events_ = [] {
     std::vector<native_event> v;
     v.reserve(k_spare_events);

@@ -40,6 +40,14 @@ class upstream_resource {
   // Work queued on `stream` after this waits for `event` (does not block the host).
   virtual void stream_wait(native_stream stream, native_event event) = 0;
   virtual void destroy_event(native_event event) noexcept = 0;
+  // Whether all work queued on `stream` so far is complete, found without blocking or
+  // disturbing the stream. false (the default) where some is not or it cannot tell. A
+  // steal from an idle stream's cache needs no event and no wait.
+  [[nodiscard]] virtual bool stream_idle(native_stream stream) noexcept
+  {
+    (void)stream;
+    return false;
+  }
   // Blocks until all work on the device is done (whatever streams it was queued on).
   virtual void synchronize_device() = 0;
   // Virtual memory, for expandable segments (allocator_config::expandable_segments).
@@ -106,7 +114,8 @@ class upstream_resource {
   // fork() support (the allocator's atfork handlers): hold every lock of this upstream that
   // an allocator's operation may take, after the allocator's own; give them back in the
   // parent, make them anew in the child (one thread: the forking one). An upstream with
-  // no lock of its own leaves both as they are.
+  // no lock of its own leaves both as they are; one whose locks are leaves (taken under no
+  // other) can make them detail::fork_leaf_mutex instead, as depot's own upstreams do.
   virtual void fork_hold() noexcept {}
   virtual void fork_release(bool child) noexcept { (void)child; }
 
