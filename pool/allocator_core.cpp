@@ -2375,11 +2375,9 @@ struct allocator_core::impl {
   // `other` holds (caller holds both caches' locks). Without a host wait where it can:
   // other's fence once it was closed (nothing ran there since), else an event recorded on
   // other's stream while stream_registry says it is live (not closed here yet: its
-  // closing waits for other's lock, which the caller holds, so it stays valid meanwhile),
-  // or nothing at all when that stream is idle (its memory's last uses are done: those
-  // were queued before the frees that put it in other's cache). A raw handle's stream may
-  // be destroyed at any time: only finishing the device's work orders those. Throws what
-  // the backend throws.
+  // closing waits for other's lock, which the caller holds, so it stays valid meanwhile).
+  // A raw handle's stream may be destroyed at any time: only finishing the device's work
+  // orders those. Throws what the backend throws.
   void order_after(stream_cache& other, native_stream to)
   {
     if (!async) return;
@@ -2395,10 +2393,6 @@ struct allocator_core::impl {
         up->synchronize_device();
         return;
       }
-      // (A query costs less than an event and a wait: about 2 % of allocations take a
-      // segment over when one thread alternates among 4 streams. Not of a default stream:
-      // the legacy one is implicitly part of other streams' captures.)
-      if (!built_in(other.stream) && up->stream_idle(other.stream)) return;
       const native_event e = up->record_event(other.stream);
       try {
         up->stream_wait(to, e);

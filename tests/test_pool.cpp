@@ -1900,8 +1900,6 @@ class manual_event_upstream final : public depot::upstream_resource {
     std::uintptr_t waiting_stream = 0;
     std::uintptr_t waited_event = 0;
     bool fail_events = false;
-    bool idle = false;     // what stream_idle() says (false: as a GPU stream still working)
-    int idle_queries = 0;  // stream_idle() calls
     depot::device_id streams{depot::device_kind::host, 0};  // stream_device()
     std::mutex mu;  // held by every call below (a test reads the fields between calls)
   };
@@ -1941,12 +1939,6 @@ class manual_event_upstream final : public depot::upstream_resource {
   {
     const std::lock_guard g{s_->mu};
     s_->open.erase(id(e));
-  }
-  bool stream_idle(depot::native_stream) noexcept override
-  {
-    const std::lock_guard g{s_->mu};
-    ++s_->idle_queries;
-    return s_->idle;
   }
   void synchronize_device() override
   {
@@ -2826,34 +2818,10 @@ TEST_CASE("pool: steals and reused handles are ordered by events where the strea
     CHECK(ev->waited_event == ev->next);  // the event just recorded on the victim
     CHECK(ev->syncs == 0);
     CHECK(ev->open.empty());  // destroyed once the wait was queued
-    CHECK(ev->idle_queries == 1);  // asked first: still working
     a->deallocate(y, thief.native(), true, 0);
-  }
-  SUBCASE("a live depot::stream that is idle: no event and no wait") {
-    depot::stream<depot::host> victim;
-    void* x = a->allocate(n, victim.native());
-    a->deallocate(x, victim.native(), true, 0);
-    ev->idle = true;
-    void* y = a->allocate(n, thief.native());
-    CHECK(y == x);
-    CHECK(ev->idle_queries == 1);
-    CHECK(ev->recorded == 0);
-    CHECK(ev->stream_waits == 0);
-    CHECK(ev->syncs == 0);
-    check_invariants(a->stats(), a->snapshot());
-    // And back: the thief is idle too, so the victim takes it over the same way.
-    a->deallocate(y, thief.native(), true, 0);
-    void* z = a->allocate(n, victim.native());
-    CHECK(z == x);
-    CHECK(ev->idle_queries == 2);
-    CHECK(ev->recorded == 0);
-    CHECK(ev->stream_waits == 0);
-    a->deallocate(z, victim.native(), true, 0);
   }
   // A raw handle may be destroyed at any time: the device's work is finished. The default
   // stream (and the per-thread ones, handles 1 and 2) never is: an event on it.
-  // Neither is asked whether it is idle: a raw handle's stream may be gone, and the legacy
-  // default stream takes part in other streams' graph captures.
   std::uintptr_t victim_handle = 1;  // (1: none of these subcases)
   int syncs = 0;
   SUBCASE("a raw handle") {
@@ -2863,7 +2831,6 @@ TEST_CASE("pool: steals and reused handles are ordered by events where the strea
   SUBCASE("the default stream") { victim_handle = 0; }
   SUBCASE("the per-thread default stream") { victim_handle = 2; }
   if (victim_handle != 1) {
-    ev->idle = true;
     const auto victim = reinterpret_cast<depot::native_stream>(victim_handle);
     void* x = a->allocate(n, victim);
     a->deallocate(x, victim, true, 0);
@@ -2871,7 +2838,6 @@ TEST_CASE("pool: steals and reused handles are ordered by events where the strea
     CHECK(y == x);
     CHECK(ev->syncs == syncs);
     CHECK(ev->stream_waits == 1 - syncs);
-    CHECK(ev->idle_queries == 0);
     a->deallocate(y, thief.native(), true, 0);
   }
   SUBCASE("a destroyed stream: its fence, waited for while open, dropped once complete") {
@@ -2893,7 +2859,6 @@ TEST_CASE("pool: steals and reused handles are ordered by events where the strea
     CHECK((y == x || y == x2));                // (best fit: it may be the 16 MiB one)
     CHECK(a->stats().reserved_bytes.all.current == reserved);
     CHECK(ev->recorded == 1);  // no event on the destroyed stream
-    CHECK(ev->idle_queries == 0);  // (its fence says all)
     CHECK(ev->stream_waits == 1);
     CHECK(ev->waiting_stream == addr(thief.native()));
     CHECK(ev->waited_event == fence);
@@ -3033,7 +2998,6 @@ TEST_CASE_TEMPLATE("pool: a block that changes streams is written after the last
   std::mt19937_64 rng{depot::test::seed("pool block changes streams", 7)};
   int how = 0;
   SUBCASE("stolen from a live stream") { how = 0; }
-  SUBCASE("stolen from a live stream, idle by then (no event)") { how = 3; }
   SUBCASE("stolen from a destroyed stream") { how = 1; }
   SUBCASE("a new stream after the old one was destroyed") { how = 2; }
   CAPTURE(how);
@@ -3046,8 +3010,7 @@ TEST_CASE_TEMPLATE("pool: a block that changes streams is written after the last
   a.deallocate(x, *s1);
   a.deallocate(busy, *s1);
   std::unique_ptr<depot::stream<D>> keep;
-  if (how == 3) s1->synchronize();
-  if (how == 0 || how == 3) keep = std::move(s1);
+  if (how == 0) keep = std::move(s1);
   s1.reset();
   // A new stream; for the third way, one with the old handle if the backend gives it back
   // within 64 streams (then the block is a cache hit on a closed stream's cache).

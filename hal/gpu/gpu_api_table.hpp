@@ -68,15 +68,6 @@
   static error_t stream_destroy(stream_t s) { return P##StreamDestroy(s); }                       \
   static error_t stream_synchronize(stream_t s) { return P##StreamSynchronize(s); }               \
   static error_t stream_query(stream_t s) { return P##StreamQuery(s); }                           \
-  static bool stream_capturing(stream_t s) /* a capture underway, or unknown */                   \
-  {                                                                                               \
-    P##StreamCaptureStatus status = P##StreamCaptureStatusNone;                                   \
-    if (P##StreamIsCapturing(s, &status) != P##Success) {                                         \
-      (void)P##GetLastError();                                                                    \
-      return true;                                                                                \
-    }                                                                                             \
-    return status != P##StreamCaptureStatusNone;                                                  \
-  }                                                                                               \
   static error_t stream_wait_event(stream_t s, event_t e) { return P##StreamWaitEvent(s, e, 0); } \
   static error_t event_create(event_t* e, unsigned f) { return P##EventCreateWithFlags(e, f); }   \
   static error_t event_destroy(event_t e) { return P##EventDestroy(e); }                          \

@@ -706,18 +706,6 @@ bool gpu_runtime<Api>::query_stream(native_stream stream)
 }
 
 template <class Api>
-bool gpu_runtime<Api>::stream_idle(native_stream stream) noexcept
-{
-  const auto s = detail::to_native<Api>(stream);
-  // A query of a stream under capture would invalidate the capture: asked first.
-  if (Api::stream_capturing(s)) return false;
-  const auto status = Api::stream_query(s);
-  if (status == Api::success) return true;
-  if (status != Api::not_ready) (void)Api::get_last_error();  // (an error: not known idle)
-  return false;
-}
-
-template <class Api>
 native_event gpu_runtime<Api>::create_event(int device, bool timing)
 {
   check_device(device);

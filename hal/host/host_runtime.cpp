@@ -315,7 +315,6 @@ void host_runtime::destroy_stream(native_stream stream, int) noexcept
 void host_runtime::synchronize_stream(native_stream) {}
 
 bool host_runtime::query_stream(native_stream) { return true; }
-bool host_runtime::stream_idle(native_stream) noexcept { return true; }
 
 native_event host_runtime::create_event(int device, bool timing)
 {

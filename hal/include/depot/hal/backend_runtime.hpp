@@ -19,9 +19,6 @@ namespace depot::hal {
 // noexcept. Asynchronous functions are ordered on the stream they take. allocate_async is
 // the backend's own stream-ordered allocator (cudaMallocAsync / hipMallocAsync; the heap on
 // the host), kept as the baseline the caching allocator is measured against.
-// stream_idle(s) says whether all work queued on s so far is complete, without blocking and
-// without throwing: false where some is not, or where it cannot tell without disturbing the
-// stream (one under graph capture, which a query would invalidate; any error).
 //
 // Interprocess sharing: has_ipc says whether the backend can share device memory with
 // another process; ipc_export gives the handle of an allocation made by allocate() (its
@@ -83,7 +80,6 @@ concept backend_runtime = requires(void* p, const void* cp, std::size_t n, int d
   { R::destroy_stream(s, d) } noexcept -> std::same_as<void>;
   { R::synchronize_stream(s) } -> std::same_as<void>;
   { R::query_stream(s) } -> std::same_as<bool>;
-  { R::stream_idle(s) } noexcept -> std::same_as<bool>;
   { R::create_event(d, b) } -> std::same_as<native_event>;
   { R::destroy_event(e, d) } noexcept -> std::same_as<void>;
   { R::record_event(e, s) } -> std::same_as<void>;

@@ -83,7 +83,6 @@ class device_upstream final : public upstream_resource {
   {
     runtime<D>::wait_event(stream, event);
   }
-  [[nodiscard]] bool stream_idle(native_stream stream) noexcept override { return runtime<D>::stream_idle(stream); }
   void destroy_event(native_event event) noexcept override
   {
     if (event == nullptr) return;

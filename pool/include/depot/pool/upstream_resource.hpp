@@ -40,14 +40,6 @@ class upstream_resource {
   // Work queued on `stream` after this waits for `event` (does not block the host).
   virtual void stream_wait(native_stream stream, native_event event) = 0;
   virtual void destroy_event(native_event event) noexcept = 0;
-  // Whether all work queued on `stream` so far is complete, found without blocking or
-  // disturbing the stream. false (the default) where some is not or it cannot tell. A
-  // steal from an idle stream's cache needs no event and no wait.
-  [[nodiscard]] virtual bool stream_idle(native_stream stream) noexcept
-  {
-    (void)stream;
-    return false;
-  }
   // Blocks until all work on the device is done (whatever streams it was queued on).
   virtual void synchronize_device() = 0;
   // Virtual memory, for expandable segments (allocator_config::expandable_segments).

@@ -80,7 +80,6 @@ class gpu_runtime {
   static void destroy_stream(native_stream stream, int device) noexcept;
   static void synchronize_stream(native_stream stream);
   static bool query_stream(native_stream stream);
-  static bool stream_idle(native_stream stream) noexcept;
 
   static native_event create_event(int device, bool timing);
   static void destroy_event(native_event event, int device) noexcept;
