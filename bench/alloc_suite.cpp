@@ -54,8 +54,6 @@ struct workload_step;
 
 struct allocator_under_test {
   std::string name;
-  std::function<void*(std::size_t, native_stream)> allocate;
-  std::function<void(void*, native_stream)> deallocate;
   std::function<void()> reset;  // between configurations (release cached memory)
   // Replays a workload (run_workload) with this allocator's calls inlined into the loop.
   std::function<void(const std::vector<workload_step>&, const std::vector<native_stream>&)> run;
@@ -174,11 +172,10 @@ void run_workload(const Allocate& allocate, const Deallocate& deallocate, const 
 template <class Allocate, class Deallocate, class Reset>
 allocator_under_test under_test(std::string name, Allocate allocate, Deallocate deallocate, Reset reset)
 {
-  allocator_under_test a{std::move(name), allocate, deallocate, std::move(reset), {}};
-  a.run = [allocate, deallocate](const std::vector<workload_step>& steps, const std::vector<native_stream>& streams) {
-    run_workload(allocate, deallocate, steps, streams);
-  };
-  return a;
+  return {std::move(name), std::move(reset),
+          [allocate, deallocate](const std::vector<workload_step>& steps, const std::vector<native_stream>& streams) {
+            run_workload(allocate, deallocate, steps, streams);
+          }};
 }
 
 template <device D>
