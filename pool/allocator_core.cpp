@@ -1195,6 +1195,12 @@ struct stream_cache {
   // object, so a thread that moves to another cache can hand its changes over by swapping
   // two pointers (switch_op).
   std::unique_ptr<stat_delta> delta;
+  // A graph capture pool's cache (the pool's id; 0: a stream's): only captures into that
+  // pool allocate from it, and no other cache takes its memory until the pool is released.
+  std::uint64_t capture_pool = 0;
+  // Frees during a graph capture of blocks that other streams used: their events are
+  // recorded once no capture is under way (no event may be queried during one).
+  std::vector<std::pair<native_stream, block_ref>> deferred;
 
   void recycle(block* b) noexcept
   {
@@ -1505,6 +1511,10 @@ struct allocator_core::impl {
   device_id dev;
   device_id streams_of;  // whose streams order the work (up->stream_device())
   std::uint64_t id = next_allocator_id.fetch_add(1);
+  // What the threads' stream entries (thread_caches::entries) are valid for: `id` at first,
+  // a new number of the same sequence whenever a stream's cache changes (a graph capture
+  // begins or ends; written under registry_mu), so no thread keeps a stale entry.
+  std::atomic<std::uint64_t> route{id};
   std::size_t limit = k_unlimited;
   std::size_t vm_page = 0;  // expandable segments: the page they map (0: they are off)
   std::size_t vm_span = 0;  // and the addresses each reserves
@@ -1513,6 +1523,25 @@ struct allocator_core::impl {
   mutable std::shared_mutex registry_mu;
   std::unordered_map<native_stream, stream_cache*> by_stream;
   std::vector<std::unique_ptr<stream_cache>> caches;
+
+  // Graph capture pools (under registry_mu). While a pool captures, its cache is by_stream's
+  // entry for the capturing stream (`displaced`: the entry it replaced, nullptr: none).
+  struct capture_state {
+    std::uint64_t pool = 0;
+    stream_cache* cache = nullptr;
+    native_stream stream = nullptr;  // capturing on it now (`capturing`)
+    bool capturing = false;
+    bool releasing = false;  // its last use given back: release under way, or due when captures end
+    int users = 1;           // begin_capture calls into it not yet given back (release_capture_pool)
+    stream_cache* displaced = nullptr;
+  };
+  std::vector<capture_state> pools;
+  std::uint64_t next_pool = 1;
+  // Captures under way: while any is, nothing queries or waits for an event, synchronises,
+  // frees upstream memory or takes another cache's memory (each invalidates a capture in
+  // CUDA's global mode or needs an event), and frees' events wait (stream_cache::deferred).
+  std::atomic<int> captures{0};
+  bool capturing() const noexcept { return captures.load(std::memory_order_acquire) != 0; }
 
   std::mutex grow_mu;
 
@@ -1620,14 +1649,15 @@ struct allocator_core::impl {
   stream_cache& cache_for(native_stream s)
   {
     thread_caches& tc = tl_caches;
-    if (tc.entries[0].owner == id && tc.entries[0].stream == s) [[likely]] {
+    const std::uint64_t r = route.load(std::memory_order_relaxed);
+    if (tc.entries[0].owner == r && tc.entries[0].stream == s) [[likely]] {
       return *tc.entries[0].cache;
     }
     // The thread's other recent streams here, inline, the one found swapped to the front (a
     // call and a shift of up to three entries cost a thread alternating among four streams
     // ~60 instructions per operation; the order of the other three is not kept).
     for (std::size_t k = 1; k < tc.entries.size(); ++k) {
-      if (tc.entries[k].owner == id && tc.entries[k].stream == s) {
+      if (tc.entries[k].owner == r && tc.entries[k].stream == s) {
         std::swap(tc.entries[0], tc.entries[k]);
         return *tc.entries[0].cache;
       }
@@ -1641,8 +1671,10 @@ struct allocator_core::impl {
   {
     thread_caches& tc = tl_caches;
     stream_cache* c = nullptr;
+    std::uint64_t valid_for = 0;
     {
       std::shared_lock r{registry_mu};
+      valid_for = route.load(std::memory_order_relaxed);
       if (auto it = by_stream.find(s); it != by_stream.end()) c = it->second;
     }
     if (c == nullptr) {
@@ -1655,7 +1687,7 @@ struct allocator_core::impl {
       c = it->second;
     }
     thread_caches::to_front(tc.entries, tc.entries.size() - 1);
-    tc.entries[0] = thread_caches::entry{id, s, c};
+    tc.entries[0] = thread_caches::entry{valid_for, s, c};
     return *c;
   }
 
@@ -1784,7 +1816,8 @@ struct allocator_core::impl {
   // Whether the cached bytes exceed release_threshold (caller holds c.mu).
   bool over_release_threshold(stream_cache& c) noexcept
   {
-    if (cfg.release_threshold == k_unlimited) return false;
+    // (never a held capture pool's memory: a replay may use it)
+    if (cfg.release_threshold == k_unlimited || c.capture_pool != 0 || capturing()) return false;
     // The shared figures and what this cache has not yet published (others' unpublished
     // changes are not seen: the threshold holds to within their stats_batch).
     const stat_delta& d = *c.delta;
@@ -2362,7 +2395,7 @@ struct allocator_core::impl {
         if (wait) up->wait_event(c->fence);
         up->destroy_event(std::exchange(c->fence, nullptr));
       }
-      release_free_segments(*c);
+      if (c->capture_pool == 0) release_free_segments(*c);  // (a held pool's memory stays: a replay may use it)
       g.publish();
     }
   }
@@ -2412,10 +2445,14 @@ struct allocator_core::impl {
   [[gnu::noinline]] void reopen(stream_cache& c)
   {
     if (c.fence != nullptr) {
-      try {
-        if (!up->event_done(c.fence)) up->stream_wait(c.stream, c.fence);
-      } catch (const error&) {
-        up->synchronize_device();
+      if (capturing()) {  // no query: a wait on a complete event costs the stream nothing
+        up->stream_wait(c.stream, c.fence);
+      } else {
+        try {
+          if (!up->event_done(c.fence)) up->stream_wait(c.stream, c.fence);
+        } catch (const error&) {
+          up->synchronize_device();
+        }
       }
       up->destroy_event(std::exchange(c.fence, nullptr));
     }
@@ -2442,12 +2479,75 @@ struct allocator_core::impl {
       if (async) e = up->record_event(s);  // (synchronous: the stream's work is done)
     } catch (...) {  // order by the device's work instead: nothing is left to wait for
       try {
-        up->synchronize_device();
+        if (!capturing()) up->synchronize_device();
       } catch (...) {
       }
     }
     c->fence = e;  // (reopen() consumed any earlier one)
     c->closed = true;
+  }
+
+  // The last capture ended: the events of frees deferred during captures are recorded
+  // (pending as usual from now on), then the pools released meanwhile are finished.
+  // Under grow_mu, which a beginning capture takes before it returns (its drain), so a
+  // synchronisation here never falls inside a capture that began meanwhile.
+  void after_captures() noexcept
+  {
+    const std::lock_guard grow_guard{grow_mu};
+    {
+      std::shared_lock r{registry_mu};
+      for (auto& c : caches) {
+        cache_lock g{figures, *c};
+        if (capturing()) return;  // another capture began: its end does this
+        for (auto [s, b] : c->deferred) {
+          try {
+            c->pending.reserve(c->pending.size() + 1);
+            const native_event e = up->record_event(s);
+            c->pending.emplace_back(e, b);  // (reserved)
+            continue;
+          } catch (...) {  // the stream refused it: order by the device's work instead
+            try {
+              up->synchronize_device();
+            } catch (...) {
+            }
+          }
+          const int left = b.large != nullptr ? --b.large->pending : --b.seg->units[b.unit].pending;
+          if (left == 0) release(*c, b);
+        }
+        c->deferred.clear();
+      }
+    }
+    std::vector<std::uint64_t> due;
+    {
+      std::shared_lock r{registry_mu};
+      for (const auto& p : pools) {
+        if (p.releasing) due.push_back(p.pool);
+      }
+    }
+    for (std::uint64_t p : due) {
+      try {
+        finish_release(p);
+      } catch (...) {  // the device failed: the pool stays held, as if not released
+      }
+    }
+  }
+
+  // Ends pool `pool` (marked releasing): once the device's work is done (a replay of a
+  // graph that used its memory may still run), its cache is as a destroyed stream's, whose
+  // whole free segments other caches take and empty_cache() returns. Caller holds grow_mu
+  // (see after_captures). Throws what the device throws, the pool left releasing.
+  void finish_release(std::uint64_t pool)
+  {
+    if (capturing()) return;  // a capture began meanwhile: its end finishes this
+    up->synchronize_device();
+    std::unique_lock w{registry_mu};
+    const auto it = std::find_if(pools.begin(), pools.end(), [&](const capture_state& p) { return p.pool == pool; });
+    if (it == pools.end()) return;  // (finished by another thread)
+    stream_cache& c = *it->cache;
+    pools.erase(it);
+    cache_lock g{figures, c};
+    c.capture_pool = 0;
+    c.closed = true;  // (its fence: none, the device's work is done)
   }
 
   struct closing_watcher final : stream_registry::watcher {
@@ -2472,10 +2572,11 @@ struct allocator_core::impl {
   // those of destroyed streams (closed), whose memory nothing else would use.
   block_ref steal(stream_cache& c, std::size_t size, bool small, std::size_t bytes, bool live)
   {
+    if (capturing()) return {};  // (an order needs an event, a fallback a synchronisation)
     std::shared_lock r{registry_mu};
     const bool want_dense = dense(size);
     for (auto& other : caches) {
-      if (other.get() == &c) continue;
+      if (other.get() == &c || other->capture_pool != 0) continue;
       if (std::try_lock(other->mu, c.mu) != -1) continue;
       const cache_lock other_lock{figures, *other, std::adopt_lock};
       const cache_lock own_lock{figures, c, std::adopt_lock};
@@ -2620,7 +2721,7 @@ struct allocator_core::impl {
   // past that fraction of the allowed total, the free cache is released first.
   void collect_before_growing(std::size_t bytes)
   {
-    if (cfg.garbage_collection_threshold <= 0.0) return;
+    if (cfg.garbage_collection_threshold <= 0.0 || capturing()) return;
     const double cap = static_cast<double>(limit != k_unlimited ? limit : up->memory().total_bytes);
     if (static_cast<double>(figures.total(q_reserved) + static_cast<std::int64_t>(bytes)) >
         cfg.garbage_collection_threshold * cap) {
@@ -2745,7 +2846,7 @@ struct allocator_core::impl {
     }
     const bool live_first = steals_first(!small && vm_page != 0 ? size : segment_size(size, small));
     if (block_ref b = steal(c, size, small, bytes, live_first); b.found()) return b;
-    if (!small && vm_page != 0) {
+    if (!small && vm_page != 0 && !capturing()) {  // (no mapping calls during a capture)
       if (block_ref b = allocate_expanding(c, size, bytes, s, live_first); b.found()) return b;
     }
 
@@ -2766,8 +2867,11 @@ struct allocator_core::impl {
                                   seg_bytes > limit;
       throw_oom(bytes, size, s,
                 capped ? "the per-process limit is reached"
-                       : "the upstream allocation of " + format_bytes(seg_bytes) +
-                             " failed after releasing the cache");
+                : capturing()
+                    ? "the upstream allocation of " + format_bytes(seg_bytes) +
+                          " failed; a graph capture is under way, so the cache was not released "
+                          "(no event may be waited for and no memory freed until the capture ends)"
+                    : "the upstream allocation of " + format_bytes(seg_bytes) + " failed after releasing the cache");
     }
     const auto addr = reinterpret_cast<std::uintptr_t>(p);
     cache_lock g{figures, c};
@@ -2819,6 +2923,7 @@ struct allocator_core::impl {
   // again. Nothing found: the caller grows once more, or throws out_of_memory.
   block_ref reclaim(stream_cache& c, std::size_t size, bool small, std::size_t bytes, bool live_tried)
   {
+    if (capturing()) return {};  // waiting and releasing would invalidate the capture
     if (!live_tried) {
       if (block_ref b = steal(c, size, small, bytes, true); b.found()) return b;
     }
@@ -2950,7 +3055,7 @@ struct allocator_core::impl {
   {
     if (stream_given) return &cache_for(s);
     const thread_caches::entry& t = tl_caches.entries[0];
-    return t.owner == id ? t.cache : nullptr;
+    return t.owner == route.load(std::memory_order_relaxed) ? t.cache : nullptr;
   }
 
   // Every cache's lock, in registry order, with one barrier for all the biases revoked
@@ -3178,7 +3283,7 @@ void* allocator_core::allocate(std::size_t bytes, native_stream stream)
   {
     cache_lock g{m.figures, c, std::adopt_lock};
     if (c.closed) [[unlikely]] m.reopen(c);
-    if (!c.pending.empty()) m.process_events(c, false);
+    if (!c.pending.empty() && !m.capturing()) m.process_events(c, false);
     b = m.take(c, size, small, bytes);
     if (b.found()) ++c.hits;
     g.unlock();  // inline (the destructor's out-of-line call is for the throwing paths)
@@ -3262,11 +3367,43 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
       uses = impl::uses_of(c, b, true);
       uses->push_back(stream);
     } catch (...) {  // out of host memory: order by the device instead, below
+      if (m.capturing()) {  // (which a capture forbids): refused, nothing changed
+        if (!dense) c.live.insert(addr, b.large);
+        throw;
+      }
       try {
         m.up->synchronize_device();
       } catch (...) {
       }
     }
+  }
+  if (m.async && uses != nullptr && !uses->empty() && m.capturing()) {
+    // No event now: one recorded on a capturing stream is part of its graph and cannot be
+    // queried. The block waits, pending, until the last capture ends (after_captures()).
+    if (uses->size() > 0xFFFF) {
+      if (!dense) c.live.insert(addr, b.large);
+      throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: block " + hex(addr) +
+                             " was used on more than 65535 streams; nothing was changed");
+    }
+    try {
+      c.deferred.reserve(c.deferred.size() + uses->size());
+    } catch (...) {
+      if (!dense) c.live.insert(addr, b.large);
+      throw;
+    }
+    const auto n = static_cast<std::uint16_t>(uses->size());
+    for (native_stream s : *uses) c.deferred.emplace_back(s, b);
+    uses->clear();
+    if (dense) {
+      unit_entry& entry = b.seg->units[b.unit];
+      entry.state = block_state::pending_free;
+      entry.pending = n;
+    } else {
+      b.large->state = block_state::pending_free;
+      b.large->pending = n;
+    }
+    count_free();
+    return;
   }
   if (m.async && uses != nullptr && !uses->empty()) {
     // Record every event before changing anything: if a stream cannot take one (it was
@@ -3313,6 +3450,145 @@ void allocator_core::record_stream(void* ptr, native_stream stream)
   if (stream == c.stream) return;
   std::vector<native_stream>* uses = impl::uses_of(c, b, true);
   if (std::find(uses->begin(), uses->end(), stream) == uses->end()) uses->push_back(stream);
+}
+
+namespace {
+std::string pool_name(std::uint64_t pool) { return "capture pool " + std::to_string(pool); }
+}  // namespace
+
+std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t pool)
+{
+  impl& m = *impl_;
+  std::uint64_t id = 0;
+  {
+    std::unique_lock w{m.registry_mu};
+    m.pools.reserve(m.pools.size() + 1);  // (before pointing into it)
+    m.caches.reserve(m.caches.size() + 1);
+    for (const auto& p : m.pools) {
+      if (p.capturing && p.stream == stream) {
+        throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: begin_capture on stream " +
+                               hex(reinterpret_cast<std::uintptr_t>(stream)) + ", which is capturing into " +
+                               pool_name(p.pool) + " already (end_capture first); nothing was changed");
+      }
+    }
+    impl::capture_state* st = nullptr;
+    if (pool != 0) {
+      for (auto& p : m.pools) {
+        if (p.pool == pool && !p.releasing) st = &p;
+      }
+      if (st == nullptr) {
+        throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: begin_capture into " +
+                               pool_name(pool) + ", which is not a pool of this allocator (valid: 0 for a new "
+                               "one, or a begin_capture result not yet released); nothing was changed");
+      }
+      if (st->capturing) {
+        throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: begin_capture into " +
+                               pool_name(pool) + ", which is capturing on stream " +
+                               hex(reinterpret_cast<std::uintptr_t>(st->stream)) +
+                               " (one capture per pool at a time); nothing was changed");
+      }
+    }
+    std::unique_ptr<stream_cache> fresh;
+    if (st == nullptr) {
+      fresh = std::make_unique<stream_cache>(stream, m.small_table, m.cfg.stats_batch, m.cfg.biased_locks);
+      fresh->capture_pool = m.next_pool;
+    }
+    auto placed = m.by_stream.try_emplace(stream, nullptr);  // (may throw: nothing changed yet)
+    const bool created = fresh != nullptr;
+    if (created) {
+      m.caches.push_back(std::move(fresh));  // (reserved)
+      m.pools.push_back(impl::capture_state{m.next_pool++, m.caches.back().get()});
+      st = &m.pools.back();
+    }
+    {
+      const cache_lock g{m.figures, *st->cache};  // (frees of its blocks read its stream)
+      st->cache->stream = stream;
+    }
+    if (!created) ++st->users;  // an existing pool: one more use
+    st->displaced = placed.second ? nullptr : placed.first->second;
+    placed.first->second = st->cache;
+    st->capturing = true;
+    st->stream = stream;
+    m.captures.fetch_add(1);
+    m.route.store(next_allocator_id.fetch_add(1), std::memory_order_release);
+    id = st->pool;
+  }
+  // Operations begun before may be querying events or growing: wait until they are done.
+  {
+    const std::lock_guard g{m.grow_mu};
+    std::shared_lock r{m.registry_mu};
+    std::vector<std::unique_lock<cache_mutex>> locks;
+    m.lock_all(locks);
+  }
+  return id;
+}
+
+void allocator_core::end_capture(native_stream stream)
+{
+  impl& m = *impl_;
+  bool last = false;
+  {
+    std::unique_lock w{m.registry_mu};
+    impl::capture_state* st = nullptr;
+    for (auto& p : m.pools) {
+      if (p.capturing && p.stream == stream) st = &p;
+    }
+    if (st == nullptr) {
+      throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: end_capture on stream " +
+                             hex(reinterpret_cast<std::uintptr_t>(stream)) +
+                             ", which is not capturing here (no begin_capture on it, or ended already); "
+                             "nothing was changed");
+    }
+    const auto it = m.by_stream.find(stream);  // (st->cache since begin_capture)
+    if (st->displaced != nullptr) {
+      it->second = st->displaced;
+    } else {
+      m.by_stream.erase(it);
+    }
+    st->capturing = false;
+    st->stream = nullptr;
+    st->displaced = nullptr;
+    m.route.store(next_allocator_id.fetch_add(1), std::memory_order_release);
+    last = m.captures.fetch_sub(1) == 1;
+  }
+  if (last) m.after_captures();
+}
+
+void allocator_core::release_capture_pool(std::uint64_t pool)
+{
+  impl& m = *impl_;
+  {
+    std::unique_lock w{m.registry_mu};
+    impl::capture_state* st = nullptr;
+    for (auto& p : m.pools) {
+      if (p.pool == pool && !p.releasing) st = &p;
+    }
+    if (st == nullptr) {
+      throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: release_capture_pool(" +
+                             std::to_string(pool) + "): not a pool of this allocator (valid: a begin_capture "
+                             "result not yet released); nothing was changed");
+    }
+    if (st->capturing && st->users == 1) {
+      throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: release_capture_pool(" +
+                             std::to_string(pool) + "): its last use, and it is capturing on stream " +
+                             hex(reinterpret_cast<std::uintptr_t>(st->stream)) +
+                             " (end_capture first); nothing was changed");
+    }
+    if (--st->users > 0) return;  // other graphs still use it
+    st->releasing = true;  // no capture begins into it from now on
+    if (m.capturing()) return;  // released when the last capture ends (after_captures)
+  }
+  const std::lock_guard grow_guard{m.grow_mu};
+  m.finish_release(pool);
+}
+
+std::vector<std::pair<std::uint64_t, bool>> allocator_core::capture_pools() const
+{
+  const impl& m = *impl_;
+  std::shared_lock r{m.registry_mu};
+  std::vector<std::pair<std::uint64_t, bool>> out;
+  for (const auto& p : m.pools) out.emplace_back(p.pool, p.capturing);
+  return out;
 }
 
 ipc_handle allocator_core::ipc_export(void* ptr)
@@ -3401,6 +3677,7 @@ allocator_snapshot allocator_core::snapshot() const
       si.address = s->addr;
       si.small_pool = s->small;
       si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
+      si.capture_pool = c->capture_pool;
       si.exported = s->exported || std::any_of(s->shared.begin(), s->shared.end(), [](const segment::shared_page& g) { return g.fd >= 0; });
       si.importers = m.imported(*s) ? importer_counts::load(s->importers) : 0;
       si.reserved = s->reserved;
@@ -3417,6 +3694,7 @@ allocator_snapshot allocator_core::snapshot() const
       si.size = k_small_segment;
       si.small_pool = true;
       si.stream = reinterpret_cast<std::uintptr_t>(c->stream);
+      si.capture_pool = c->capture_pool;
       si.exported = s->exported;
       si.importers = m.imported(*s) ? importer_counts::load(s->importers) : 0;
       for (unsigned u = 0; u < k_seg_units; u += s->units[u].size) {
@@ -3445,7 +3723,18 @@ std::vector<trace_event> allocator_core::trace() const
   return out;
 }
 
-void allocator_core::empty_cache() { impl_->flush_all(false); }
+void allocator_core::empty_cache()
+{
+  impl& m = *impl_;
+  // grow_mu: a capture that begins meanwhile waits for the whole release (its drain).
+  const std::lock_guard grow_guard{m.grow_mu};
+  if (m.capturing()) {
+    throw invalid_argument("depot: " + m.dev.to_string() +
+                           " caching allocator: empty_cache() during a graph capture (freeing memory "
+                           "would invalidate it); call it after end_capture(); nothing was changed");
+  }
+  m.flush_all(false);
+}
 
 void allocator_core::reset_peak_stats()
 {

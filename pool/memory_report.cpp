@@ -45,6 +45,7 @@ std::string allocator_snapshot::to_json() const
                     {"stream", s.stream},
                     {"exported", s.exported},
                     {"importers", s.importers},
+                    {"capture_pool", s.capture_pool},
                     {"reserved_addresses", s.reserved},
                     {"blocks", std::move(blocks)}});
   }

@@ -653,6 +653,12 @@ allocator_snapshot parse_snapshot(std::string_view text, std::string_view name)
       }
       seg.importers = im->get<std::int64_t>();
     }
+    if (const auto cp = s.find("capture_pool"); cp != s.end()) {  // optional: files before it lack it
+      if (!cp->is_number_unsigned()) {
+        sfail(sw + "field 'capture_pool': expected a non-negative integer, got " + cp->dump());
+      }
+      seg.capture_pool = cp->get<std::uint64_t>();
+    }
     if (const auto rv = s.find("reserved_addresses"); rv != s.end()) {  // optional: files before it lack it
       if (!rv->is_number_unsigned()) {
         sfail(sw + "field 'reserved_addresses': expected a non-negative integer, got " + rv->dump());

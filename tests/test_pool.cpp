@@ -13,6 +13,7 @@
 #include <depot/hal/stream_registry.hpp>
 #include <depot/ops/fill.hpp>
 #include <depot/pool/caching_allocator.hpp>
+#include <depot/pool/captured_graph.hpp>
 #include <depot/pool/fixed_pool.hpp>
 #include <depot/pool/ipc_handle.hpp>
 #include <depot/pool/ipc_mapping.hpp>
@@ -1845,13 +1846,35 @@ TEST_CASE("pool: ipc_send and ipc_receive with a timeout, and on non-blocking so
   CHECK(open_descriptors() + 2 == before);
 }
 
-TEST_CASE_TEMPLATE("pool: a block used on another stream waits for it before reuse", D,
-                   DEPOT_TEST_DEVICES)
+namespace {
+
+// One subcase per kind of block (large pool, dense small segment, linked small segment):
+// a request size of that kind.
+std::size_t each_block_kind()
 {
   std::size_t n = 8 * MiB;
   SUBCASE("large pool") {}
   SUBCASE("dense small segment") { n = 4 * KiB; }
   SUBCASE("linked small segment") { n = 256 * KiB; }
+  return n;
+}
+
+// Blocks freed that wait for other streams' events (state pending_free), by a snapshot.
+int pending_in(const depot::detail::allocator_core& a)
+{
+  int k = 0;
+  for (const auto& seg : a.snapshot().segments) {
+    for (const auto& b : seg.blocks) k += b.state == depot::block_state::pending_free ? 1 : 0;
+  }
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("pool: a block used on another stream waits for it before reuse", D,
+                   DEPOT_TEST_DEVICES)
+{
+  const std::size_t n = each_block_kind();
   CAPTURE(n);
   depot::caching_allocator<D> a{0, quiet_config<D>()};
   depot::stream<D> s1;
@@ -1900,12 +1923,35 @@ class manual_event_upstream final : public depot::upstream_resource {
     std::uintptr_t waiting_stream = 0;
     std::uintptr_t waited_event = 0;
     bool fail_events = false;
+    bool fail_allocations = false;  // allocate() throws depot::out_of_memory
+    // A graph capture under way (set by the test): every query, wait, synchronisation or
+    // upstream free is counted in `forbidden` (CUDA's global capture mode forbids them), and
+    // every event recorded in `captured_records`.
+    bool capture = false;
+    int forbidden = 0;
+    int captured_records = 0;
+    int upstream_frees = 0;
     depot::device_id streams{depot::device_kind::host, 0};  // stream_device()
     std::mutex mu;  // held by every call below (a test reads the fields between calls)
   };
   explicit manual_event_upstream(std::shared_ptr<state> s) : s_{std::move(s)} {}
-  void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
-  void deallocate(void* p, std::size_t bytes) noexcept override { inner_.deallocate(p, bytes); }
+  void* allocate(std::size_t bytes) override
+  {
+    {
+      const std::lock_guard g{s_->mu};
+      if (s_->fail_allocations) throw depot::out_of_memory("test: refused", bytes, inner_.device());
+    }
+    return inner_.allocate(bytes);
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override
+  {
+    {
+      const std::lock_guard g{s_->mu};
+      ++s_->upstream_frees;
+      s_->forbidden += s_->capture ? 1 : 0;
+    }
+    inner_.deallocate(p, bytes);
+  }
   depot::memory_info memory() override { return inner_.memory(); }
   depot::device_id device() const noexcept override { return inner_.device(); }
   depot::device_id stream_device() const noexcept override { return s_->streams; }
@@ -1914,17 +1960,20 @@ class manual_event_upstream final : public depot::upstream_resource {
     const std::lock_guard g{s_->mu};
     if (s_->fail_events) throw depot::error("test: event refused", "record_event", __FILE__, __LINE__, 1, "test");
     ++s_->recorded;
+    s_->captured_records += s_->capture ? 1 : 0;
     s_->open.insert(++s_->next);
     return reinterpret_cast<depot::native_event>(s_->next);
   }
   bool event_done(depot::native_event e) override
   {
     const std::lock_guard g{s_->mu};
+    s_->forbidden += s_->capture ? 1 : 0;
     return s_->open.count(id(e)) == 0;
   }
   void wait_event(depot::native_event e) override
   {
     const std::lock_guard g{s_->mu};
+    s_->forbidden += s_->capture ? 1 : 0;
     ++s_->waits;
     s_->open.erase(id(e));
   }
@@ -1943,6 +1992,7 @@ class manual_event_upstream final : public depot::upstream_resource {
   void synchronize_device() override
   {
     const std::lock_guard g{s_->mu};
+    s_->forbidden += s_->capture ? 1 : 0;
     ++s_->syncs;
     s_->open.clear();
   }
@@ -1955,10 +2005,7 @@ class manual_event_upstream final : public depot::upstream_resource {
 
 TEST_CASE("pool: frees that wait for other streams' events (an asynchronous backend on the CPU)")
 {
-  std::size_t n = 8 * MiB;
-  SUBCASE("large pool") {}
-  SUBCASE("dense small segment") { n = 4 * KiB; }
-  SUBCASE("linked small segment") { n = 256 * KiB; }
+  const std::size_t n = each_block_kind();
   CAPTURE(n);
   auto ev = std::make_shared<manual_event_upstream::state>();
   depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev),
@@ -1966,13 +2013,7 @@ TEST_CASE("pool: frees that wait for other streams' events (an asynchronous back
   const auto s1 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000});
   const auto s2 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x2000});
   const auto n64 = static_cast<std::int64_t>(n);
-  auto pending_blocks = [&] {
-    int k = 0;
-    for (const auto& seg : a.snapshot().segments) {
-      for (const auto& b : seg.blocks) k += b.state == depot::block_state::pending_free ? 1 : 0;
-    }
-    return k;
-  };
+  auto pending_blocks = [&] { return pending_in(a); };
 
   // record_stream: x was used on s2, so its free on s1 waits for an event on s2.
   void* x = a.allocate(n, s1);
@@ -2032,6 +2073,379 @@ TEST_CASE("pool: frees that wait for other streams' events (an asynchronous back
   CHECK(st.reserved_bytes.all.current == 0);
   CHECK(st.num_allocations.all.allocated == st.num_allocations.all.freed);
   check_invariants(st, a.snapshot());
+}
+
+TEST_CASE("pool: a graph capture gets a private pool, and no call that would invalidate it (asynchronous backend)")
+{
+  // The capture's rules, on the CPU: while a capture is under way nothing may be queried,
+  // waited for, synchronised or freed upstream (manual_event_upstream counts each in
+  // `forbidden`), events of frees wait until the capture ends, and what the capture
+  // allocated stays its pool's, not its stream's.
+  const std::size_t n = each_block_kind();
+  CAPTURE(n);
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev), quiet_config<depot::host>(),
+                                  /*asynchronous=*/true};
+  const auto s1 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000});
+  const auto s2 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x2000});
+  const auto s3 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x3000});
+  auto pending_blocks = [&] { return pending_in(a); };
+  auto pool_of = [&](void* p) {  // the capture pool of the segment holding p (0: a stream's)
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    for (const auto& seg : a.snapshot().segments) {
+      if (at >= seg.address && at < seg.address + seg.size) return seg.capture_pool;
+    }
+    FAIL("no segment holds the pointer");
+    return std::uint64_t{0};
+  };
+  auto pool_bytes = [&](std::uint64_t pool) {
+    std::size_t k = 0;
+    for (const auto& seg : a.snapshot().segments) k += seg.capture_pool == pool ? seg.size : 0;
+    return k;
+  };
+
+  // Before: x's block is free in s1's cache, an event of s2 is pending on another block,
+  // and a whole free segment waits in s4's cache (a live stream's: taken before growing).
+  void* x = a.allocate(n, s1);
+  void* before = a.allocate(n, s1);
+  a.record_stream(before, s2);
+  a.deallocate(before, s1, true, 0);
+  a.deallocate(x, s1, true, 0);
+  REQUIRE(pending_blocks() == 1);
+  // And s5's cache has a pending free (an event of s1), which no allocation there may query.
+  const auto s5 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x6000});
+  void* b5 = a.allocate(n, s5);
+  a.record_stream(b5, s1);
+  a.deallocate(b5, s5, true, 0);
+  const auto s4 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x5000});
+  void* spare = a.allocate(n, s4);
+  a.deallocate(spare, s4, true, 0);
+  REQUIRE(pending_blocks() == 2);
+  const int recorded = ev->recorded;
+
+  const std::uint64_t pool = a.begin_capture(s1, 0);
+  CHECK(pool != 0);
+  ev->capture = true;
+  CHECK(a.capture_pools() == std::vector<std::pair<std::uint64_t, bool>>{{pool, true}});
+  // The capture's allocations come from its pool, not from s1's cache.
+  void* y = a.allocate(n, s1);
+  CHECK(y != x);
+  CHECK(pool_of(y) == pool);
+  CHECK(pool_of(x) == 0);
+  std::memset(y, 1, n);
+  // A free that s2's work must wait for: no event now, the block pending until the end.
+  a.record_stream(y, s2);
+  a.deallocate(y, s1, true, 0);
+  CHECK(ev->recorded == recorded);
+  CHECK(pending_blocks() == 3);
+  void* z = a.allocate(n, s1);
+  CHECK(z != y);
+  CHECK(z != x);
+  // Freed on the capture's stream: reused by the capture at once (stream order holds).
+  a.deallocate(z, s1, true, 0);
+  void* w = a.allocate(n, s1);
+  CHECK(w == z);
+  // Another stream does not take s4's free segment (that needs an event): it grows.
+  void* q = a.allocate(n, s2);
+  CHECK(q != spare);
+  void* p5 = a.allocate(n, s5);
+  CHECK(p5 != b5);
+  // Nothing may be released: empty_cache refuses, changing nothing.
+  const depot::memory_stats st0 = a.stats();
+  CHECK_THROWS_WITH_AS(a.empty_cache(), doctest::Contains("during a graph capture"), depot::invalid_argument);
+  CHECK(a.stats().reserved_bytes.all.current == st0.reserved_bytes.all.current);
+  // The upstream refuses: out_of_memory at once, the cache untouched, the reason given.
+  ev->fail_allocations = true;
+  CHECK_THROWS_WITH_AS((void)a.allocate(64 * MiB, s1), doctest::Contains("a graph capture is under way"),
+                       depot::out_of_memory);
+  ev->fail_allocations = false;
+  CHECK(a.stats().num_ooms == st0.num_ooms + 1);
+  // Bad calls change nothing.
+  CHECK_THROWS_WITH_AS((void)a.begin_capture(s1, 0), doctest::Contains("capturing into capture pool"),
+                       depot::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)a.begin_capture(s2, pool), doctest::Contains("one capture per pool"),
+                       depot::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)a.begin_capture(s2, pool + 100), doctest::Contains("not a pool of this allocator"),
+                       depot::invalid_argument);
+  CHECK_THROWS_WITH_AS(a.end_capture(s2), doctest::Contains("not capturing here"), depot::invalid_argument);
+  CHECK_THROWS_WITH_AS(a.release_capture_pool(pool), doctest::Contains("end_capture first"),
+                       depot::invalid_argument);
+  check_invariants(a.stats(), a.snapshot());
+  CHECK(ev->forbidden == 0);
+  CHECK(ev->captured_records == 0);
+  ev->capture = false;
+
+  a.end_capture(s1);
+  CHECK(a.capture_pools() == std::vector<std::pair<std::uint64_t, bool>>{{pool, false}});
+  CHECK(ev->recorded == recorded + 1);  // y's event, deferred until now
+  CHECK(pending_blocks() == 3);
+  a.deallocate(p5, s5, true, 0);
+  // s1 allocates from its own cache again; the capture's blocks stay its pool's.
+  void* v = a.allocate(n, s1);
+  CHECK(v == x);
+  a.deallocate(w, s1, true, 0);  // a graph's block freed after its capture: back to the pool
+  void* u = a.allocate(n, s1);
+  CHECK(u != w);
+  CHECK(pool_of(u) == 0);
+  // Nothing returns a held pool's memory: not empty_cache, not the release threshold.
+  const std::size_t held = pool_bytes(pool);
+  CHECK(held > 0);
+  a.empty_cache();
+  CHECK(pool_bytes(pool) == held);
+  CHECK(pool_of(w) == pool);
+  // A second capture into the same pool (another graph sharing its memory) reuses it.
+  CHECK(a.begin_capture(s3, pool) == pool);
+  void* t = a.allocate(n, s3);
+  CHECK(pool_of(t) == pool);  // (w's block, or y's: u's steal from raw-handle s4 synchronised the device)
+  CHECK((t == w || t == y));
+  a.end_capture(s3);
+  check_invariants(a.stats(), a.snapshot());
+
+  // Two uses of the pool: the first release keeps it, the last waits for the device and
+  // frees its memory for any stream.
+  const int syncs = ev->syncs;
+  a.release_capture_pool(pool);
+  CHECK(a.capture_pools().size() == 1);
+  CHECK(ev->syncs == syncs);
+  a.release_capture_pool(pool);
+  CHECK(a.capture_pools().empty());
+  CHECK(ev->syncs == syncs + 1);
+  CHECK_THROWS_WITH_AS(a.release_capture_pool(pool), doctest::Contains("not a pool of this allocator"),
+                       depot::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)a.begin_capture(s1, pool), doctest::Contains("not a pool of this allocator"),
+                       depot::invalid_argument);
+  a.deallocate(t, s3, true, 0);
+  ev->open.clear();  // every event completes
+  a.deallocate(u, s1, true, 0);
+  a.deallocate(v, s1, true, 0);
+  a.deallocate(q, s2, true, 0);
+  // The released pool's segments belong to no pool now: empty_cache returns them too.
+  CHECK(pool_bytes(pool) == 0);
+  CHECK(pool_of(w) == 0);
+  a.empty_cache();
+  CHECK(pending_blocks() == 0);
+  const depot::memory_stats st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.reserved_bytes.all.current == 0);
+  check_invariants(st, a.snapshot());
+}
+
+TEST_CASE("pool: a capture pool released during another capture waits for it to end (asynchronous backend)")
+{
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev), quiet_config<depot::host>(),
+                                  /*asynchronous=*/true};
+  const auto s1 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000});
+  const auto s2 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x2000});
+  const std::uint64_t p1 = a.begin_capture(s1, 0);
+  void* x = a.allocate(MiB * 8, s1);
+  a.end_capture(s1);
+  const std::uint64_t p2 = a.begin_capture(s2, 0);
+  CHECK(p2 != p1);
+  ev->capture = true;
+  a.release_capture_pool(p1);  // no synchronisation now: due when s2's capture ends
+  CHECK(ev->forbidden == 0);
+  CHECK_THROWS_AS((void)a.begin_capture(s1, p1), depot::invalid_argument);  // on its way out
+  ev->capture = false;
+  const int syncs = ev->syncs;
+  a.end_capture(s2);
+  CHECK(ev->syncs == syncs + 1);
+  CHECK(a.capture_pools() == std::vector<std::pair<std::uint64_t, bool>>{{p2, false}});
+  a.deallocate(x, s1, true, 0);  // a block of the released pool: found, freed
+  a.release_capture_pool(p2);
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+  check_invariants(a.stats(), a.snapshot());
+}
+
+TEST_CASE("pool: release_threshold never returns a held capture pool's memory")
+{
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::allocator_config cfg = quiet_config<depot::host>();
+  cfg.release_threshold = 0;  // return every whole free segment at once
+  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev), cfg, /*asynchronous=*/true};
+  const auto s1 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000});
+  for (std::size_t n : {4 * KiB, 256 * KiB, 8 * MiB}) {
+    CAPTURE(n);
+    // A stream's block: its segment goes back upstream at the free.
+    void* x = a.allocate(n, s1);
+    const int frees = ev->upstream_frees;
+    a.deallocate(x, s1, true, 0);
+    CHECK(ev->upstream_frees == frees + 1);
+    CHECK(a.stats().reserved_bytes.all.current == 0);
+    // A capture's block: its segment stays the pool's after the free, until the release.
+    const std::uint64_t pool = a.begin_capture(s1, 0);
+    void* y = a.allocate(n, s1);
+    a.end_capture(s1);
+    a.deallocate(y, s1, true, 0);
+    CHECK(ev->upstream_frees == frees + 1);
+    CHECK(a.stats().reserved_bytes.all.current > 0);
+    a.release_capture_pool(pool);
+    a.empty_cache();
+    CHECK(a.stats().reserved_bytes.all.current == 0);
+    check_invariants(a.stats(), a.snapshot());
+  }
+}
+
+TEST_CASE("pool: captures that begin and end while other threads allocate and free (asynchronous backend)")
+{
+  // Three threads allocate, record other streams and free on their own streams; a fourth
+  // captures again and again. Between begin_capture's return and end_capture nothing may
+  // query, wait, synchronise or free upstream (counted in `forbidden`), whatever the
+  // other threads do; at the end every figure agrees with a snapshot.
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::allocator_config cfg = quiet_config<depot::host>();
+  cfg.release_threshold = 8 * MiB;  // frees return segments too, outside captures
+  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev), cfg, /*asynchronous=*/true};
+  const std::uint64_t seed = depot::test::seed("pool: captures while other threads allocate", 20261128);
+  constexpr int k_workers = 3;
+  std::atomic<bool> stop{false};
+  std::atomic<int> finished{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < k_workers; ++w) {
+    threads.emplace_back([&, w] {
+      std::mt19937_64 rng{seed + static_cast<std::uint64_t>(w)};
+      const auto own = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000} * (w + 1));
+      const auto other = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x9000} + w);
+      std::vector<void*> live;
+      for (int i = 0; !stop.load() || i < 2000; ++i) {
+        if (live.size() < 16 && (live.empty() || rng() % 3 != 0)) {
+          const std::size_t sizes[] = {4 * KiB, 200 * KiB, 3 * MiB, 24 * MiB};
+          void* p = a.allocate(sizes[rng() % 4], own);
+          if (rng() % 4 == 0) a.record_stream(p, other);
+          live.push_back(p);
+        } else {
+          const std::size_t k = rng() % live.size();
+          a.deallocate(live[k], own, true, 0);
+          live[k] = live.back();
+          live.pop_back();
+        }
+        if (i % 97 == 0) {
+          const std::lock_guard g{ev->mu};
+          ev->open.clear();  // every event so far completes
+        }
+        if (i % 500 == 0 && i > 0) {
+          try {
+            a.empty_cache();
+          } catch (const depot::invalid_argument&) {  // a capture is under way: refused
+          }
+        }
+      }
+      for (void* p : live) a.deallocate(p, own, true, 0);
+      finished.fetch_add(1);
+    });
+  }
+  const auto cs = reinterpret_cast<depot::native_stream>(std::uintptr_t{0xC000});
+  int forbidden = 0;
+  for (int round = 0; round < 60; ++round) {
+    const std::uint64_t pool = a.begin_capture(cs, 0);
+    {
+      const std::lock_guard g{ev->mu};
+      ev->capture = true;
+    }
+    void* t = a.allocate(MiB, cs);
+    a.record_stream(t, reinterpret_cast<depot::native_stream>(std::uintptr_t{0xD000}));
+    a.deallocate(t, cs, true, 0);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    {
+      const std::lock_guard g{ev->mu};
+      ev->capture = false;
+      forbidden += ev->forbidden;
+      ev->forbidden = 0;
+    }
+    a.end_capture(cs);
+    a.release_capture_pool(pool);
+  }
+  stop.store(true);
+  depot::test::wait_or_abort(finished, k_workers, "captures while other threads allocate");
+  for (auto& t : threads) t.join();
+  CHECK(forbidden == 0);
+  CHECK(a.capture_pools().empty());
+  {
+    const std::lock_guard g{ev->mu};
+    ev->open.clear();
+  }
+  a.empty_cache();
+  const depot::memory_stats st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.reserved_bytes.all.current == 0);
+  check_invariants(st, a.snapshot());
+}
+
+TEST_CASE_TEMPLATE("pool: a captured graph replays its work in its own memory", D, DEPOT_TEST_DEVICES)
+{
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  depot::stream<D> s;
+  depot::captured_graph<D> g;
+  if constexpr (std::is_same_v<D, depot::host>) {
+    // No graphs on the host: refused, and the allocator left as it was.
+    CHECK_THROWS_WITH_AS(g.capture_begin(a, s), doctest::Contains("no graphs"), depot::error);
+    CHECK(a.capture_pools().empty());
+    CHECK_FALSE(g.captured());
+    CHECK_FALSE(depot::runtime<D>::stream_capturing(s.native()));
+  } else {
+    constexpr std::size_t n = 3 * MiB;
+    auto* out = static_cast<unsigned char*>(a.allocate(n, s));  // the graph's output, kept by the caller
+    void* eager = a.allocate(n, s);
+    a.deallocate(eager, s);  // free in s's cache before the capture
+    depot::stream<D> side;
+    g.capture_begin(a, s);
+    CHECK(depot::runtime<D>::stream_capturing(s.native()));
+    // Inside: a temporary (the pool's first allocation, a cudaMalloc during a global-mode
+    // capture), filled and copied to the output, freed; a second one reuses it.
+    void* tmp = a.allocate(n, s);
+    CHECK(tmp != eager);
+    depot::runtime<D>::set_async(tmp, 0x5A, n, s.native());
+    depot::runtime<D>::copy_async(out, tmp, n, s.native());
+    a.deallocate(tmp, s);
+    void* tmp2 = a.allocate(n, s);
+    CHECK(tmp2 == tmp);
+    depot::runtime<D>::set_async(tmp2, 0x11, n / 2, s.native());
+    depot::runtime<D>::copy_async(out, tmp2, n / 3, s.native());
+    a.record_stream(tmp2, side);  // a free another stream must wait for: its event deferred
+    a.deallocate(tmp2, s);
+    // Meanwhile another stream allocates and frees (no query, no steal of s's segment).
+    void* other = a.allocate(n, side);
+    CHECK(other != eager);
+    a.deallocate(other, side);
+    g.capture_end();
+    CHECK(g.captured());
+    CHECK_FALSE(depot::runtime<D>::stream_capturing(s.native()));
+    // Nothing ran while captured: replays do the work, each from scratch.
+    depot::runtime<D>::set_async(out, 0, n, s.native());
+    std::mt19937_64 rng{depot::test::seed("captured graph replays", 7)};
+    for (int r = 0; r < 3; ++r) {
+      g.replay(s);
+      // s's own allocations after the capture never get the graph's memory.
+      void* after = a.allocate(n, s);
+      CHECK(after != tmp);
+      depot::runtime<D>::set_async(after, 0xEE, n, s.native());
+      a.deallocate(after, s);
+      g.replay(s);
+      depot::runtime<D>::synchronize_stream(s.native());
+      CHECK(check_bytes<D>(out, n / 3, 0x11, rng));
+      CHECK(check_bytes<D>(out + n / 3, n / 2 - n / 3, 0x5A, rng));
+      CHECK(check_bytes<D>(out + n / 2, n - n / 2, 0x5A, rng));
+    }
+    // A second graph sharing the pool, then both given back.
+    depot::captured_graph<D> g2;
+    g2.capture_begin(a, s, g.pool());
+    void* tmp3 = a.allocate(n, s);
+    CHECK(tmp3 == tmp);  // the pool's memory, not the stream's
+    depot::runtime<D>::set_async(tmp3, 0x22, n, s.native());
+    a.deallocate(tmp3, s);
+    g2.capture_end();
+    g2.replay(s);
+    g.reset();
+    CHECK(a.capture_pools().size() == 1);
+    g2.reset();
+    CHECK(a.capture_pools().empty());
+    a.deallocate(out, s);
+    depot::runtime<D>::synchronize(0);
+    a.empty_cache();
+    CHECK(a.stats().reserved_bytes.all.current == 0);
+    check_invariants(a);
+  }
 }
 
 TEST_CASE("pool: one operation that changes both pools counts its peaks once (asynchronous backend)")

@@ -74,6 +74,24 @@
   static error_t event_record(event_t e, stream_t s) { return P##EventRecord(e, s); }             \
   static error_t event_query(event_t e) { return P##EventQuery(e); }                              \
   static error_t event_synchronize(event_t e) { return P##EventSynchronize(e); }                  \
+  using graph_t = P##Graph_t;                                                                      \
+  using graph_exec_t = P##GraphExec_t;                                                            \
+  using capture_mode_t = P##StreamCaptureMode;                                                    \
+  static constexpr capture_mode_t capture_relaxed = P##StreamCaptureModeRelaxed;                  \
+  static error_t begin_capture(stream_t s) { return P##StreamBeginCapture(s, P##StreamCaptureModeGlobal); } \
+  static error_t end_capture(stream_t s, graph_t* g) { return P##StreamEndCapture(s, g); }        \
+  static error_t graph_instantiate(graph_exec_t* x, graph_t g) { return P##GraphInstantiateWithFlags(x, g, 0); } \
+  static error_t graph_destroy(graph_t g) { return P##GraphDestroy(g); }                          \
+  static error_t graph_launch(graph_exec_t x, stream_t s) { return P##GraphLaunch(x, s); }         \
+  static error_t graph_exec_destroy(graph_exec_t x) { return P##GraphExecDestroy(x); }            \
+  static error_t stream_capturing(stream_t s, bool* active)                                       \
+  {                                                                                               \
+    P##StreamCaptureStatus st{};                                                                  \
+    const error_t e = P##StreamIsCapturing(s, &st);                                               \
+    *active = st == P##StreamCaptureStatusActive;                                                 \
+    return e;                                                                                     \
+  }                                                                                               \
+  static error_t exchange_capture_mode(capture_mode_t* m) { return P##ThreadExchangeStreamCaptureMode(m); } \
   static error_t event_elapsed(float* ms, event_t a, event_t b)                                   \
   {                                                                                               \
     return P##EventElapsedTime(ms, a, b);                                                         \

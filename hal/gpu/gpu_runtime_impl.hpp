@@ -203,7 +203,13 @@ void* gpu_runtime<Api>::allocate(std::size_t bytes, int device)
   if (bytes == 0) return nullptr;
   detail::scoped_device<Api> on{device};
   void* ptr = nullptr;
+  // Relaxed capture mode for this thread, so a caching allocator may grow while another
+  // stream captures a graph in global mode (an allocation is not captured; its memory
+  // stays the graph's until the allocator's capture pool is released).
+  typename Api::capture_mode_t mode = Api::capture_relaxed;
+  (void)Api::exchange_capture_mode(&mode);
   const auto status = Api::malloc(&ptr, bytes);
+  (void)Api::exchange_capture_mode(&mode);
   if (status == Api::memory_allocation) {
     (void)Api::get_last_error();
     const std::string state = detail::device_state<Api>();
@@ -759,6 +765,46 @@ float gpu_runtime<Api>::elapsed_ms(native_event start, native_event stop)
   DEPOT_GPU_TRY(Api::event_elapsed(&ms, detail::to_native_event<Api>(start),
                                    detail::to_native_event<Api>(stop)));
   return ms;
+}
+
+template <class Api>
+void gpu_runtime<Api>::begin_capture(native_stream stream)
+{
+  DEPOT_GPU_TRY(Api::begin_capture(detail::to_native<Api>(stream)));
+}
+
+template <class Api>
+native_graph gpu_runtime<Api>::end_capture(native_stream stream)
+{
+  typename Api::graph_t g{};
+  DEPOT_GPU_TRY(Api::end_capture(detail::to_native<Api>(stream), &g));
+  typename Api::graph_exec_t x{};
+  const auto status = Api::graph_instantiate(&x, g);
+  (void)Api::graph_destroy(g);  // (the instantiated graph does not need it)
+  DEPOT_GPU_TRY(status);
+  return static_cast<native_graph>(x);
+}
+
+template <class Api>
+void gpu_runtime<Api>::launch_graph(native_graph graph, native_stream stream)
+{
+  DEPOT_EXPECTS(graph != nullptr, "depot: launch_graph of a null graph");
+  DEPOT_GPU_TRY(Api::graph_launch(static_cast<typename Api::graph_exec_t>(graph), detail::to_native<Api>(stream)));
+}
+
+template <class Api>
+void gpu_runtime<Api>::destroy_graph(native_graph graph) noexcept
+{
+  if (graph != nullptr && Api::graph_exec_destroy(static_cast<typename Api::graph_exec_t>(graph)) != Api::success)
+    (void)Api::get_last_error();
+}
+
+template <class Api>
+bool gpu_runtime<Api>::stream_capturing(native_stream stream)
+{
+  bool active = false;
+  DEPOT_GPU_TRY(Api::stream_capturing(detail::to_native<Api>(stream), &active));
+  return active;
 }
 
 template <class Api>

@@ -349,6 +349,24 @@ float host_runtime::elapsed_ms(native_event start, native_event stop)
   return std::chrono::duration<float, std::milli>(b->when - a->when).count();
 }
 
+namespace {
+[[noreturn]] void no_host_graphs(const char* call)
+{
+  throw error("depot: the host backend has no graphs of captured work (CUDA and HIP have)", call, __FILE__,
+              __LINE__, 0, "not_supported");
+}
+}  // namespace
+
+void host_runtime::begin_capture(native_stream) { no_host_graphs("begin_capture"); }
+
+native_graph host_runtime::end_capture(native_stream) { no_host_graphs("end_capture"); }
+
+void host_runtime::launch_graph(native_graph, native_stream) { no_host_graphs("launch_graph"); }
+
+void host_runtime::destroy_graph(native_graph) noexcept {}
+
+bool host_runtime::stream_capturing(native_stream) { return false; }
+
 void host_runtime::synchronize(int device) { check_device(device); }
 
 }  // namespace depot::hal

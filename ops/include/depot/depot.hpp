@@ -27,6 +27,7 @@
 #include <depot/pool/allocator_config.hpp>
 #include <depot/pool/allocator_snapshot.hpp>
 #include <depot/pool/caching_allocator.hpp>
+#include <depot/pool/captured_graph.hpp>
 #include <depot/pool/device_upstream.hpp>
 #include <depot/pool/fixed_pool.hpp>
 #include <depot/pool/memory_functions.hpp>

@@ -41,7 +41,7 @@ namespace depot::hal {
 // unmaps them (`n` = count * page bytes).
 template <class R>
 concept backend_runtime = requires(void* p, const void* cp, std::size_t n, int d, native_stream s,
-                                   native_event e, bool b, const ipc_memory_handle& h,
+                                   native_event e, native_graph g, bool b, const ipc_memory_handle& h,
                                    std::uint64_t u, std::uint64_t* us, const int* fds) {
   { R::has_ipc } -> std::convertible_to<bool>;
   { R::ipc_export(p, d) } -> std::same_as<ipc_memory_handle>;
@@ -87,6 +87,11 @@ concept backend_runtime = requires(void* p, const void* cp, std::size_t n, int d
   { R::synchronize_event(e) } -> std::same_as<void>;
   { R::wait_event(s, e) } -> std::same_as<void>;
   { R::elapsed_ms(e, e) } -> std::same_as<float>;
+  { R::begin_capture(s) } -> std::same_as<void>;
+  { R::end_capture(s) } -> std::same_as<native_graph>;
+  { R::launch_graph(g, s) } -> std::same_as<void>;
+  { R::destroy_graph(g) } noexcept -> std::same_as<void>;
+  { R::stream_capturing(s) } -> std::same_as<bool>;
   { R::synchronize(d) } -> std::same_as<void>;
 };
 

@@ -10,5 +10,7 @@ namespace depot {
 // the backend's default stream.
 using native_stream = void*;
 using native_event = void*;
+// An instantiated graph of captured work (cudaGraphExec_t / hipGraphExec_t).
+using native_graph = void*;
 
 }  // namespace depot

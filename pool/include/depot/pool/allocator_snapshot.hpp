@@ -37,6 +37,9 @@ struct segment_info {
                               // is kept while importers map it, an expandable one has live
                               // exported blocks on it (pages with open descriptors)
   std::int64_t importers = 0;  // an exported ordinary segment: other processes mapping it now
+  // The graph capture pool that holds it (caching_allocator::begin_capture; 0: none, a
+  // stream's cache holds it and `stream` says whose).
+  std::uint64_t capture_pool = 0;
   // An expandable segment: `size` bytes mapped from `address` on, of `reserved` bytes of
   // addresses (0 for an ordinary segment). Its blocks tile `size` bytes plus those of its
   // blocks of state unmapped (pages unmapped inside it, e.g. by empty_cache()).

@@ -14,9 +14,11 @@
 #include <depot/pool/trace_event.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace depot {
@@ -73,6 +75,35 @@ class caching_allocator {
   }
   // Declares that work on `stream` uses the block; its reuse waits for that work.
   void record_stream(void* ptr, stream_ref<D> stream) { core_.record_stream(ptr, stream.native()); }
+  // Graph capture (CUDA and HIP graphs; captured_graph<D> does all of this for one graph).
+  // begin_capture: work queued on `stream` from now on is captured (call it just before the
+  // backend's capture begins). Allocations on `stream` then come from a capture pool: a new
+  // one (pool 0), or `pool`, an earlier begin_capture's result not yet released, each call
+  // one more use of it. Its memory serves only captures into it until its last use is given
+  // back, so a replay never finds it reused. While any capture is under way the allocator
+  // never queries or waits for an event, synchronises, or frees memory (CUDA's global
+  // capture mode forbids these on every thread): frees that other streams' work must wait
+  // for get their events when the last capture ends, empty_cache() throws, and a request
+  // the upstream refuses throws out_of_memory at once. Memory a graph uses that was
+  // allocated outside its capture is the caller's to keep allocated while it may run.
+  // depot::invalid_argument, changing nothing, for a stream that is capturing already or
+  // a pool that is not live or is capturing.
+  [[nodiscard]] std::uint64_t begin_capture(stream_ref<D> stream, std::uint64_t pool = 0)
+  {
+    return core_.begin_capture(stream.native(), pool);
+  }
+  // After the backend's capture on `stream` ended: its allocations come from the stream's
+  // own cache again; the pool keeps the blocks of the capture (freed ones too).
+  void end_capture(stream_ref<D> stream) { core_.end_capture(stream.native()); }
+  // Gives back one use of a capture pool: no graph of that use will run again. At its
+  // last use the allocator waits for the device's work (replays under way), and the pool's
+  // memory is the allocator's to reuse anywhere (after the last capture, if one is under
+  // way). depot::invalid_argument, changing nothing, for a pool that is not live here, or
+  // for its last use while it captures.
+  void release_capture_pool(std::uint64_t pool) { core_.release_capture_pool(pool); }
+  // The capture pools with uses left: (pool, capturing now).
+  [[nodiscard]] std::vector<std::pair<std::uint64_t, bool>> capture_pools() const { return core_.capture_pools(); }
+
   // Makes the live block at `ptr` (a pointer allocate() returned) openable by other
   // processes on this machine (depot::ipc_mapping<D>), as PyTorch shares CUDA tensors. An
   // ordinary segment is then released only while no other process maps it (importers count

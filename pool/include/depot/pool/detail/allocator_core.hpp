@@ -34,6 +34,12 @@ class allocator_core {
   // `expected_bytes`: the size-taking overload's size (0: not given).
   void deallocate(void* ptr, native_stream stream, bool stream_given, std::size_t expected_bytes);
   void record_stream(void* ptr, native_stream stream);
+  // Graph capture (caching_allocator's begin_capture, end_capture, release_capture_pool).
+  [[nodiscard]] std::uint64_t begin_capture(native_stream stream, std::uint64_t pool);
+  void end_capture(native_stream stream);
+  void release_capture_pool(std::uint64_t pool);
+  // The capture pools not yet released: (pool, whether it is capturing now).
+  [[nodiscard]] std::vector<std::pair<std::uint64_t, bool>> capture_pools() const;
   [[nodiscard]] ipc_handle ipc_export(void* ptr);
 
   [[nodiscard]] memory_stats stats() const;
