@@ -3488,6 +3488,13 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
                                " (one capture per pool at a time); nothing was changed");
       }
     }
+    if (st != nullptr && !m.capturing()) {
+      // Its frees that waited for other streams' events come back first: allocations from
+      // a pool happen only in captures, where no event may be queried (and none can start
+      // meanwhile: a capture begins under registry_mu).
+      cache_lock g{m.figures, *st->cache};
+      if (!st->cache->pending.empty()) m.process_events(*st->cache, false);
+    }
     std::unique_ptr<stream_cache> fresh;
     if (st == nullptr) {
       fresh = std::make_unique<stream_cache>(stream, m.small_table, m.cfg.stats_batch, m.cfg.biased_locks);

@@ -1859,6 +1859,17 @@ std::size_t each_block_kind()
   return n;
 }
 
+// The capture pool of the snapshot's segment that holds p (0: a stream's cache holds it).
+std::uint64_t capture_pool_of(const depot::allocator_snapshot& snap, const void* p)
+{
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  for (const auto& seg : snap.segments) {
+    if (at >= seg.address && at < seg.address + seg.size) return seg.capture_pool;
+  }
+  FAIL("no segment holds the pointer");
+  return 0;
+}
+
 // Blocks freed that wait for other streams' events (state pending_free), by a snapshot.
 int pending_in(const depot::detail::allocator_core& a)
 {
@@ -2090,14 +2101,7 @@ TEST_CASE("pool: a graph capture gets a private pool, and no call that would inv
   const auto s2 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x2000});
   const auto s3 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x3000});
   auto pending_blocks = [&] { return pending_in(a); };
-  auto pool_of = [&](void* p) {  // the capture pool of the segment holding p (0: a stream's)
-    const auto at = reinterpret_cast<std::uintptr_t>(p);
-    for (const auto& seg : a.snapshot().segments) {
-      if (at >= seg.address && at < seg.address + seg.size) return seg.capture_pool;
-    }
-    FAIL("no segment holds the pointer");
-    return std::uint64_t{0};
-  };
+  auto pool_of = [&](void* p) { return capture_pool_of(a.snapshot(), p); };
   auto pool_bytes = [&](std::uint64_t pool) {
     std::size_t k = 0;
     for (const auto& seg : a.snapshot().segments) k += seg.capture_pool == pool ? seg.size : 0;
@@ -2258,6 +2262,46 @@ TEST_CASE("pool: a capture pool released during another capture waits for it to 
   check_invariants(a.stats(), a.snapshot());
 }
 
+TEST_CASE("pool: a capture pool's frees that waited for events return to it before its next capture")
+{
+  const std::size_t n = each_block_kind();
+  CAPTURE(n);
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev), quiet_config<depot::host>(),
+                                  /*asynchronous=*/true};
+  const auto s1 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000});
+  const auto s2 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x2000});
+  const std::uint64_t pool = a.begin_capture(s1, 0);
+  void* x = a.allocate(n, s1);
+  a.record_stream(x, s2);
+  a.deallocate(x, s1, true, 0);
+  a.end_capture(s1);
+  CHECK(pending_in(a) == 1);  // its event recorded at the end
+  // The event is still open: the next capture finds the block pending.
+  CHECK(a.begin_capture(s1, pool) == pool);
+  CHECK(pending_in(a) == 1);
+  void* y = a.allocate(n, s1);
+  CHECK(y != x);
+  a.deallocate(y, s1, true, 0);
+  a.end_capture(s1);
+  // Completed: the capture after takes the block back before it begins.
+  ev->open.clear();
+  const int forbidden = ev->forbidden;
+  CHECK(a.begin_capture(s1, pool) == pool);
+  CHECK(pending_in(a) == 0);
+  CHECK(ev->forbidden == forbidden);
+  void* z = a.allocate(n, s1);
+  CHECK(z == x);
+  a.deallocate(z, s1, true, 0);
+  a.end_capture(s1);
+  a.release_capture_pool(pool);
+  a.release_capture_pool(pool);
+  a.release_capture_pool(pool);
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+  check_invariants(a.stats(), a.snapshot());
+}
+
 TEST_CASE("pool: release_threshold never returns a held capture pool's memory")
 {
   auto ev = std::make_shared<manual_event_upstream::state>();
@@ -2395,6 +2439,7 @@ TEST_CASE_TEMPLATE("pool: a captured graph replays its work in its own memory", 
     // capture), filled and copied to the output, freed; a second one reuses it.
     void* tmp = a.allocate(n, s);
     CHECK(tmp != eager);
+    CHECK(capture_pool_of(a.snapshot(), tmp) == g.pool());
     depot::runtime<D>::set_async(tmp, 0x5A, n, s.native());
     depot::runtime<D>::copy_async(out, tmp, n, s.native());
     a.deallocate(tmp, s);
@@ -2419,6 +2464,7 @@ TEST_CASE_TEMPLATE("pool: a captured graph replays its work in its own memory", 
       // s's own allocations after the capture never get the graph's memory.
       void* after = a.allocate(n, s);
       CHECK(after != tmp);
+      CHECK(capture_pool_of(a.snapshot(), after) == 0);
       depot::runtime<D>::set_async(after, 0xEE, n, s.native());
       a.deallocate(after, s);
       g.replay(s);
@@ -2431,7 +2477,9 @@ TEST_CASE_TEMPLATE("pool: a captured graph replays its work in its own memory", 
     depot::captured_graph<D> g2;
     g2.capture_begin(a, s, g.pool());
     void* tmp3 = a.allocate(n, s);
-    CHECK(tmp3 == tmp);  // the pool's memory, not the stream's
+    // The pool's memory, not the stream's (tmp's block once the side stream's event for
+    // tmp2 completed: begin_capture takes it back).
+    CHECK(capture_pool_of(a.snapshot(), tmp3) == g.pool());
     depot::runtime<D>::set_async(tmp3, 0x22, n, s.native());
     a.deallocate(tmp3, s);
     g2.capture_end();
