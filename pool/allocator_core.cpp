@@ -1326,6 +1326,10 @@ class cache_lock {
 
 std::atomic<std::uint64_t> next_allocator_id{1};
 
+// Graph captures under way in the process, per backend (by device_kind): CUDA's global
+// capture mode forbids unsafe calls on every thread, whatever the device or allocator.
+std::array<std::atomic<int>, 4> process_captures{};
+
 // The stream caches a thread used last (a thread often alternates between a few streams,
 // e.g. compute and copies): found without the registry's lock. An entry is valid for the
 // allocator whose id it holds (ids are never reused; caches live as long as their allocator).
@@ -1537,11 +1541,25 @@ struct allocator_core::impl {
   };
   std::vector<capture_state> pools;
   std::uint64_t next_pool = 1;
-  // Captures under way: while any is, nothing queries or waits for an event, synchronises,
-  // frees upstream memory or takes another cache's memory (each invalidates a capture in
-  // CUDA's global mode or needs an event), and frees' events wait (stream_cache::deferred).
-  std::atomic<int> captures{0};
-  bool capturing() const noexcept { return captures.load(std::memory_order_acquire) != 0; }
+  // Captures under way on this allocator's backend, by any allocator (process_captures):
+  // while any is, nothing here queries or waits for an event, synchronises, frees upstream
+  // memory or takes another cache's memory (each invalidates a capture in CUDA's global
+  // mode or needs an event), and frees' events wait (stream_cache::deferred). Each such
+  // call is made under a cache lock or grow_mu after this reads false, and a capture
+  // begins only after every allocator of the backend gave those locks back once (drain()).
+  std::atomic<int>& captures() const noexcept
+  {
+    return process_captures[static_cast<std::size_t>(streams_of.kind) % process_captures.size()];
+  }
+  bool capturing() const noexcept { return captures().load(std::memory_order_acquire) != 0; }
+  // Waits until the operations under way here are done (their locks given back once).
+  void drain()
+  {
+    const std::lock_guard g{grow_mu};
+    std::shared_lock r{registry_mu};
+    std::vector<std::unique_lock<cache_mutex>> locks;
+    lock_all(locks);
+  }
 
   std::mutex grow_mu;
 
@@ -3204,6 +3222,17 @@ struct allocator_core::impl {
     std::lock_guard g{l.mu};
     std::erase(l.all, m);
   }
+  // f(allocator) for every live allocator whose streams are of backend k (under the list's
+  // lock, taken before any allocator's, as in fork_prepare).
+  template <class F>
+  static void for_each_of_kind(device_kind k, F f)
+  {
+    fork_list& l = forks();
+    std::lock_guard g{l.mu};
+    for (impl* m : l.all) {
+      if (m->streams_of.kind == k) f(*m);
+    }
+  }
   // The process-wide order: the pools' slots, the list, the stream registry's watchers
   // (held across a stream's closing, which takes allocator locks), every allocator, then
   // the leaves (imports, the live-stream set, the thread ids, then fork_leaf_mutex's list).
@@ -3488,12 +3517,11 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
                                " (one capture per pool at a time); nothing was changed");
       }
     }
-    if (st != nullptr && !m.capturing()) {
+    if (st != nullptr) {
       // Its frees that waited for other streams' events come back first: allocations from
-      // a pool happen only in captures, where no event may be queried (and none can start
-      // meanwhile: a capture begins under registry_mu).
+      // a pool happen only in captures, where no event may be queried.
       cache_lock g{m.figures, *st->cache};
-      if (!st->cache->pending.empty()) m.process_events(*st->cache, false);
+      if (!st->cache->pending.empty() && !m.capturing()) m.process_events(*st->cache, false);
     }
     std::unique_ptr<stream_cache> fresh;
     if (st == nullptr) {
@@ -3516,17 +3544,13 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
     placed.first->second = st->cache;
     st->capturing = true;
     st->stream = stream;
-    m.captures.fetch_add(1);
+    m.captures().fetch_add(1);
     m.route.store(next_allocator_id.fetch_add(1), std::memory_order_release);
     id = st->pool;
   }
-  // Operations begun before may be querying events or growing: wait until they are done.
-  {
-    const std::lock_guard g{m.grow_mu};
-    std::shared_lock r{m.registry_mu};
-    std::vector<std::unique_lock<cache_mutex>> locks;
-    m.lock_all(locks);
-  }
+  // Operations begun before, in any allocator of the backend, may be querying events or
+  // growing: wait until they are done.
+  impl::for_each_of_kind(m.streams_of.kind, [](impl& a) { a.drain(); });
   return id;
 }
 
@@ -3556,9 +3580,10 @@ void allocator_core::end_capture(native_stream stream)
     st->stream = nullptr;
     st->displaced = nullptr;
     m.route.store(next_allocator_id.fetch_add(1), std::memory_order_release);
-    last = m.captures.fetch_sub(1) == 1;
+    last = m.captures().fetch_sub(1) == 1;
   }
-  if (last) m.after_captures();
+  // Every allocator of the backend may hold frees deferred, or pools released, meanwhile.
+  if (last) impl::for_each_of_kind(m.streams_of.kind, [](impl& a) { a.after_captures(); });
 }
 
 void allocator_core::release_capture_pool(std::uint64_t pool)

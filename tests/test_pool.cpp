@@ -2302,6 +2302,45 @@ TEST_CASE("pool: a capture pool's frees that waited for events return to it befo
   check_invariants(a.stats(), a.snapshot());
 }
 
+TEST_CASE("pool: a capture in one allocator holds back every allocator of its backend (asynchronous backend)")
+{
+  // CUDA's global capture mode is process-wide: a capture that one allocator (a device's)
+  // was told of must stop the others' unsafe calls too (the pinned host pool, another
+  // device's allocator), and their frees' events wait for its end as well.
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev), quiet_config<depot::host>(),
+                                  /*asynchronous=*/true};
+  depot::detail::allocator_core b{std::make_unique<manual_event_upstream>(ev), quiet_config<depot::host>(),
+                                  /*asynchronous=*/true};
+  const auto s1 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000});
+  const auto s2 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x2000});
+  // b: a free pending on an event of s2.
+  void* p = b.allocate(MiB, s1);
+  b.record_stream(p, s2);
+  b.deallocate(p, s1, true, 0);
+  REQUIRE(pending_in(b) == 1);
+  const int recorded = ev->recorded;
+
+  const std::uint64_t pool = a.begin_capture(s1, 0);
+  ev->capture = true;
+  void* q = b.allocate(MiB, s1);  // b's pending free: not queried
+  b.record_stream(q, s2);
+  b.deallocate(q, s1, true, 0);  // its event: not recorded now
+  CHECK(pending_in(b) == 2);
+  CHECK_THROWS_AS(b.empty_cache(), depot::invalid_argument);
+  CHECK(ev->forbidden == 0);
+  CHECK(ev->recorded == recorded);
+  ev->capture = false;
+  a.end_capture(s1);
+  CHECK(ev->recorded == recorded + 1);  // b's deferred event, recorded at a's end
+  a.release_capture_pool(pool);
+  ev->open.clear();
+  b.empty_cache();
+  CHECK(pending_in(b) == 0);
+  CHECK(b.stats().reserved_bytes.all.current == 0);
+  check_invariants(b.stats(), b.snapshot());
+}
+
 TEST_CASE("pool: release_threshold never returns a held capture pool's memory")
 {
   auto ev = std::make_shared<manual_event_upstream::state>();

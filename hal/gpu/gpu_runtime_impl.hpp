@@ -48,6 +48,22 @@ namespace depot::hal {
 
 namespace detail {
 
+// This thread's stream capture mode relaxed for one scope, then restored: an allocation
+// (cudaMalloc, cudaMallocHost) may then be made while a graph is captured in global mode
+// (allocations are not captured; a caching allocator keeps such memory for the graph, as
+// PyTorch's does).
+template <class Api>
+class relaxed_capture {
+ public:
+  relaxed_capture() noexcept { (void)Api::exchange_capture_mode(&mode_); }
+  ~relaxed_capture() { (void)Api::exchange_capture_mode(&mode_); }
+  relaxed_capture(const relaxed_capture&) = delete;
+  relaxed_capture& operator=(const relaxed_capture&) = delete;
+
+ private:
+  typename Api::capture_mode_t mode_ = Api::capture_relaxed;
+};
+
 // Makes `device` current for one scope when it is not already; restores the previous one.
 template <class Api>
 class scoped_device {
@@ -203,13 +219,10 @@ void* gpu_runtime<Api>::allocate(std::size_t bytes, int device)
   if (bytes == 0) return nullptr;
   detail::scoped_device<Api> on{device};
   void* ptr = nullptr;
-  // Relaxed capture mode for this thread, so a caching allocator may grow while another
-  // stream captures a graph in global mode (an allocation is not captured; its memory
-  // stays the graph's until the allocator's capture pool is released).
-  typename Api::capture_mode_t mode = Api::capture_relaxed;
-  (void)Api::exchange_capture_mode(&mode);
-  const auto status = Api::malloc(&ptr, bytes);
-  (void)Api::exchange_capture_mode(&mode);
+  const auto status = [&] {
+    const detail::relaxed_capture<Api> relaxed;
+    return Api::malloc(&ptr, bytes);
+  }();
   if (status == Api::memory_allocation) {
     (void)Api::get_last_error();
     const std::string state = detail::device_state<Api>();
@@ -271,7 +284,10 @@ void* gpu_runtime<Api>::allocate_pinned(std::size_t bytes)
 {
   if (bytes == 0) return nullptr;
   void* ptr = nullptr;
-  const auto status = Api::malloc_host(&ptr, bytes);
+  const auto status = [&] {
+    const detail::relaxed_capture<Api> relaxed;
+    return Api::malloc_host(&ptr, bytes);
+  }();
   if (status == Api::memory_allocation) {
     (void)Api::get_last_error();
     const device_id id{device_kind::host, 0};
