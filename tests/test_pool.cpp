@@ -2472,6 +2472,11 @@ TEST_CASE_TEMPLATE("pool: a captured graph replays its work in its own memory", 
     void* eager = a.allocate(n, s);
     a.deallocate(eager, s);  // free in s's cache before the capture
     depot::stream<D> side;
+    // A pinned host pool the capture is not told of, with a free waiting for an event of s.
+    depot::caching_allocator<D> pinned{std::make_unique<depot::device_upstream<D>>(0, true), quiet_config<D>()};
+    void* h0 = pinned.allocate(64 * KiB, side);
+    pinned.record_stream(h0, s);
+    pinned.deallocate(h0, side);
     g.capture_begin(a, s);
     CHECK(depot::runtime<D>::stream_capturing(s.native()));
     // Inside: a temporary (the pool's first allocation, a cudaMalloc during a global-mode
@@ -2492,6 +2497,14 @@ TEST_CASE_TEMPLATE("pool: a captured graph replays its work in its own memory", 
     void* other = a.allocate(n, side);
     CHECK(other != eager);
     a.deallocate(other, side);
+    // And the pinned pool: its pending free is not queried, a free it must order is
+    // deferred, and a new segment comes from cudaMallocHost in relaxed mode.
+    void* h1 = pinned.allocate(64 * KiB, side);
+    CHECK(h1 != h0);
+    pinned.record_stream(h1, s);
+    pinned.deallocate(h1, side);
+    void* h2 = pinned.allocate(8 * MiB, side);
+    pinned.deallocate(h2, side);
     g.capture_end();
     CHECK(g.captured());
     CHECK_FALSE(depot::runtime<D>::stream_capturing(s.native()));
@@ -2529,6 +2542,8 @@ TEST_CASE_TEMPLATE("pool: a captured graph replays its work in its own memory", 
     CHECK(a.capture_pools().empty());
     a.deallocate(out, s);
     depot::runtime<D>::synchronize(0);
+    pinned.empty_cache();
+    CHECK(pinned.stats().reserved_bytes.all.current == 0);
     a.empty_cache();
     CHECK(a.stats().reserved_bytes.all.current == 0);
     check_invariants(a);
