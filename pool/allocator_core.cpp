@@ -3619,7 +3619,9 @@ std::vector<std::pair<std::uint64_t, bool>> allocator_core::capture_pools() cons
   const impl& m = *impl_;
   std::shared_lock r{m.registry_mu};
   std::vector<std::pair<std::uint64_t, bool>> out;
-  for (const auto& p : m.pools) out.emplace_back(p.pool, p.capturing);
+  for (const auto& p : m.pools) {
+    if (!p.releasing) out.emplace_back(p.pool, p.capturing);
+  }
   return out;
 }
 

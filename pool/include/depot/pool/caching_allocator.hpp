@@ -80,11 +80,13 @@ class caching_allocator {
   // backend's capture begins). Allocations on `stream` then come from a capture pool: a new
   // one (pool 0), or `pool`, an earlier begin_capture's result not yet released, each call
   // one more use of it. Its memory serves only captures into it until its last use is given
-  // back, so a replay never finds it reused. While any capture is under way the allocator
-  // never queries or waits for an event, synchronises, or frees memory (CUDA's global
-  // capture mode forbids these on every thread): frees that other streams' work must wait
-  // for get their events when the last capture ends, empty_cache() throws, and a request
-  // the upstream refuses throws out_of_memory at once. Memory a graph uses that was
+  // back, so a replay never finds it reused. While any capture is under way, no allocator
+  // of backend D in the process queries or waits for an event, synchronises, frees memory
+  // or takes memory over from another stream (CUDA's global capture mode forbids these on
+  // every thread), and begin_capture returns once they finished what they had under way:
+  // frees that other streams' work must wait for get their events when the last capture
+  // ends, empty_cache() throws, and a request the upstream refuses throws out_of_memory
+  // at once. Memory a graph uses that was
   // allocated outside its capture is the caller's to keep allocated while it may run.
   // depot::invalid_argument, changing nothing, for a stream that is capturing already or
   // a pool that is not live or is capturing.
