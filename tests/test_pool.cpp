@@ -2460,6 +2460,10 @@ TEST_CASE_TEMPLATE("pool: a captured graph replays its work in its own memory", 
   depot::caching_allocator<D> a{0, quiet_config<D>()};
   depot::stream<D> s;
   depot::captured_graph<D> g;
+  // Calls out of order are refused, changing nothing.
+  CHECK_THROWS_WITH_AS(g.replay(s), doctest::Contains("not captured"), depot::invalid_argument);
+  CHECK_THROWS_WITH_AS(g.capture_end(), doctest::Contains("without a capture"), depot::invalid_argument);
+  CHECK(g.pool() == 0);
   if constexpr (std::is_same_v<D, depot::host>) {
     // No graphs on the host: refused, and the allocator left as it was.
     CHECK_THROWS_WITH_AS(g.capture_begin(a, s), doctest::Contains("no graphs"), depot::error);
@@ -2471,6 +2475,20 @@ TEST_CASE_TEMPLATE("pool: a captured graph replays its work in its own memory", 
     auto* out = static_cast<unsigned char*>(a.allocate(n, s));  // the graph's output, kept by the caller
     void* eager = a.allocate(n, s);
     a.deallocate(eager, s);  // free in s's cache before the capture
+    {  // A capture given up (reset while capturing): the stream and the pool are let go.
+      depot::captured_graph<D> dropped;
+      dropped.capture_begin(a, s);
+      CHECK_THROWS_WITH_AS(dropped.capture_begin(a, s), doctest::Contains("holds a capture already"),
+                           depot::invalid_argument);
+      void* t = a.allocate(n, s);
+      a.deallocate(t, s);
+      CHECK(a.capture_pools().size() == 1);
+      depot::captured_graph<D> moved = std::move(dropped);
+      CHECK(dropped.pool() == 0);
+      moved.reset();
+      CHECK_FALSE(depot::runtime<D>::stream_capturing(s.native()));
+      CHECK(a.capture_pools().empty());
+    }
     depot::stream<D> side;
     // A pinned host pool the capture is not told of, with a free waiting for an event of s.
     depot::caching_allocator<D> pinned{std::make_unique<depot::device_upstream<D>>(0, true), quiet_config<D>()};
@@ -2536,7 +2554,10 @@ TEST_CASE_TEMPLATE("pool: a captured graph replays its work in its own memory", 
     a.deallocate(tmp3, s);
     g2.capture_end();
     g2.replay(s);
-    g.reset();
+    depot::captured_graph<D> g1 = std::move(g);  // the graph moves with its pool
+    CHECK_FALSE(g.captured());
+    g1.replay(s);
+    g1.reset();
     CHECK(a.capture_pools().size() == 1);
     g2.reset();
     CHECK(a.capture_pools().empty());
