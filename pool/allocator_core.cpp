@@ -1541,6 +1541,19 @@ struct allocator_core::impl {
   };
   std::vector<capture_state> pools;
   std::uint64_t next_pool = 1;
+  // The pool with uses left whose id is `pool`; the pool capturing on `s`. nullptr: none.
+  capture_state* live_pool(std::uint64_t pool) noexcept
+  {
+    const auto it = std::find_if(pools.begin(), pools.end(),
+                                 [&](const capture_state& p) { return p.pool == pool && !p.releasing; });
+    return it == pools.end() ? nullptr : &*it;
+  }
+  capture_state* capturing_on(native_stream s) noexcept
+  {
+    const auto it =
+        std::find_if(pools.begin(), pools.end(), [&](const capture_state& p) { return p.capturing && p.stream == s; });
+    return it == pools.end() ? nullptr : &*it;
+  }
   // Captures under way on this allocator's backend, by any allocator (process_captures):
   // while any is, nothing here queries or waits for an event, synchronises, frees upstream
   // memory or takes another cache's memory (each invalidates a capture in CUDA's global
@@ -2380,6 +2393,25 @@ struct allocator_core::impl {
     }
   }
 
+  // A freed block waits for `waits` events of other streams (state pending_free).
+  static void mark_pending(const block_ref& r, std::uint16_t waits) noexcept
+  {
+    if (r.large == nullptr) {
+      unit_entry& entry = r.seg->units[r.unit];
+      entry.state = block_state::pending_free;
+      entry.pending = waits;
+    } else {
+      r.large->state = block_state::pending_free;
+      r.large->pending = waits;
+    }
+  }
+  // One of a pending block's waits is over: at the last, the block is free in `c`.
+  void settle_one(stream_cache& c, const block_ref& r) noexcept
+  {
+    const int left = r.large != nullptr ? --r.large->pending : --r.seg->units[r.unit].pending;
+    if (left == 0) release(c, r);
+  }
+
   void process_events(stream_cache& c, bool wait)
   {
     auto keep = c.pending.begin();
@@ -2388,8 +2420,7 @@ struct allocator_core::impl {
       if (wait) up->wait_event(e);
       if (wait || up->event_done(e)) {
         up->destroy_event(e);
-        const int left = r.large != nullptr ? --r.large->pending : --r.seg->units[r.unit].pending;
-        if (left == 0) release(c, r);
+        settle_one(c, r);
       } else {
         *keep++ = *it;
       }
@@ -2529,8 +2560,7 @@ struct allocator_core::impl {
             } catch (...) {
             }
           }
-          const int left = b.large != nullptr ? --b.large->pending : --b.seg->units[b.unit].pending;
-          if (left == 0) release(*c, b);
+          settle_one(*c, b);
         }
         c->deferred.clear();
       }
@@ -3370,8 +3400,13 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
   const std::size_t requested = impl::requested_of(b);
   const bool dense = b.large == nullptr;
   const bool small = dense || b.large->small;
-  if (expected_bytes != 0 && expected_bytes != requested) {
+  // A refused free puts a large block back in the live table (lookup erased it), so nothing
+  // changed.
+  const auto put_back = [&] {
     if (!dense) c.live.insert(addr, b.large);
+  };
+  if (expected_bytes != 0 && expected_bytes != requested) {
+    put_back();
     throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: deallocate(" +
                            hex(addr) + ", " + std::to_string(expected_bytes) +
                            " bytes): the allocation was " + std::to_string(requested) +
@@ -3397,7 +3432,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
       uses->push_back(stream);
     } catch (...) {  // out of host memory: order by the device instead, below
       if (m.capturing()) {  // (which a capture forbids): refused, nothing changed
-        if (!dense) c.live.insert(addr, b.large);
+        put_back();
         throw;
       }
       try {
@@ -3410,27 +3445,19 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
     // No event now: one recorded on a capturing stream is part of its graph and cannot be
     // queried. The block waits, pending, until the last capture ends (after_captures()).
     if (uses->size() > 0xFFFF) {
-      if (!dense) c.live.insert(addr, b.large);
+      put_back();
       throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: block " + hex(addr) +
                              " was used on more than 65535 streams; nothing was changed");
     }
     try {
       c.deferred.reserve(c.deferred.size() + uses->size());
     } catch (...) {
-      if (!dense) c.live.insert(addr, b.large);
+      put_back();
       throw;
     }
-    const auto n = static_cast<std::uint16_t>(uses->size());
+    impl::mark_pending(b, static_cast<std::uint16_t>(uses->size()));
     for (native_stream s : *uses) c.deferred.emplace_back(s, b);
     uses->clear();
-    if (dense) {
-      unit_entry& entry = b.seg->units[b.unit];
-      entry.state = block_state::pending_free;
-      entry.pending = n;
-    } else {
-      b.large->state = block_state::pending_free;
-      b.large->pending = n;
-    }
     count_free();
     return;
   }
@@ -3454,14 +3481,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
     }
     uses->clear();
     if (!events.empty()) {
-      if (dense) {
-        unit_entry& entry = b.seg->units[b.unit];
-        entry.state = block_state::pending_free;
-        entry.pending = static_cast<std::uint16_t>(events.size());
-      } else {
-        b.large->state = block_state::pending_free;
-        b.large->pending = static_cast<std::uint16_t>(events.size());
-      }
+      impl::mark_pending(b, static_cast<std::uint16_t>(events.size()));
       for (native_event e : events) c.pending.emplace_back(e, b);
       count_free();
       return;
@@ -3493,18 +3513,14 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
     std::unique_lock w{m.registry_mu};
     m.pools.reserve(m.pools.size() + 1);  // (before pointing into it)
     m.caches.reserve(m.caches.size() + 1);
-    for (const auto& p : m.pools) {
-      if (p.capturing && p.stream == stream) {
-        throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: begin_capture on stream " +
-                               hex(reinterpret_cast<std::uintptr_t>(stream)) + ", which is capturing into " +
-                               pool_name(p.pool) + " already (end_capture first); nothing was changed");
-      }
+    if (const impl::capture_state* p = m.capturing_on(stream)) {
+      throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: begin_capture on stream " +
+                             hex(reinterpret_cast<std::uintptr_t>(stream)) + ", which is capturing into " +
+                             pool_name(p->pool) + " already (end_capture first); nothing was changed");
     }
     impl::capture_state* st = nullptr;
     if (pool != 0) {
-      for (auto& p : m.pools) {
-        if (p.pool == pool && !p.releasing) st = &p;
-      }
+      st = m.live_pool(pool);
       if (st == nullptr) {
         throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: begin_capture into " +
                                pool_name(pool) + ", which is not a pool of this allocator (valid: 0 for a new "
@@ -3560,10 +3576,7 @@ void allocator_core::end_capture(native_stream stream)
   bool last = false;
   {
     std::unique_lock w{m.registry_mu};
-    impl::capture_state* st = nullptr;
-    for (auto& p : m.pools) {
-      if (p.capturing && p.stream == stream) st = &p;
-    }
+    impl::capture_state* st = m.capturing_on(stream);
     if (st == nullptr) {
       throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: end_capture on stream " +
                              hex(reinterpret_cast<std::uintptr_t>(stream)) +
@@ -3591,10 +3604,7 @@ void allocator_core::release_capture_pool(std::uint64_t pool)
   impl& m = *impl_;
   {
     std::unique_lock w{m.registry_mu};
-    impl::capture_state* st = nullptr;
-    for (auto& p : m.pools) {
-      if (p.pool == pool && !p.releasing) st = &p;
-    }
+    impl::capture_state* st = m.live_pool(pool);
     if (st == nullptr) {
       throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: release_capture_pool(" +
                              std::to_string(pool) + "): not a pool of this allocator (valid: a begin_capture "

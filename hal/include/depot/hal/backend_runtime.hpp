@@ -39,6 +39,13 @@ namespace depot::hal {
 // descriptors (this process's, still the caller's to close) are given, contiguously at new
 // addresses, readable and writable by d, keeping the memory alive until vm_close_import
 // unmaps them (`n` = count * page bytes).
+//
+// Graphs of captured work: begin_capture starts capturing a stream in global mode (work
+// queued there is recorded, not run; other threads may not make unsafe calls meanwhile);
+// end_capture ends it and returns the instantiated graph (depot::error when the capture was
+// invalidated); launch_graph runs one on a stream, destroy_graph destroys it;
+// stream_capturing says whether a capture is under way on a stream. Without graphs (the
+// host) the first three throw depot::error "not_supported" and stream_capturing is false.
 template <class R>
 concept backend_runtime = requires(void* p, const void* cp, std::size_t n, int d, native_stream s,
                                    native_event e, native_graph g, bool b, const ipc_memory_handle& h,

@@ -89,12 +89,6 @@ class gpu_runtime {
   static void wait_event(native_stream stream, native_event event);
   static float elapsed_ms(native_event start, native_event stop);
 
-  // Graphs of captured work. begin_capture starts capturing `stream` in global mode (work
-  // queued there is recorded, not run; other threads may not make unsafe calls meanwhile);
-  // end_capture ends it and returns the instantiated graph (depot::error when the capture
-  // was invalidated); launch_graph runs one on a stream; stream_capturing says whether a
-  // capture is under way on `stream`. Without graphs (the host) the first three throw
-  // depot::error "not_supported" and stream_capturing is false.
   static void begin_capture(native_stream stream);
   static native_graph end_capture(native_stream stream);
   static void launch_graph(native_graph graph, native_stream stream);
