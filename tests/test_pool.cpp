@@ -2014,15 +2014,30 @@ class manual_event_upstream final : public depot::upstream_resource {
   std::shared_ptr<state> s_;
 };
 
+namespace {
+
+// An allocator_core over a manual_event_upstream of state `ev`, asynchronous (as a GPU
+// backend's), configured by `cfg`.
+depot::detail::allocator_core async_core(std::shared_ptr<manual_event_upstream::state> ev,
+                                         const depot::allocator_config& cfg = quiet_config<depot::host>())
+{
+  return depot::detail::allocator_core{std::make_unique<manual_event_upstream>(std::move(ev)), cfg,
+                                       /*asynchronous=*/true};
+}
+
+// A stream handle that names no stream, for tests whose upstream never looks behind it.
+depot::native_stream fake_stream(std::uintptr_t k) { return reinterpret_cast<depot::native_stream>(k); }
+
+}  // namespace
+
 TEST_CASE("pool: frees that wait for other streams' events (an asynchronous backend on the CPU)")
 {
   const std::size_t n = each_block_kind();
   CAPTURE(n);
   auto ev = std::make_shared<manual_event_upstream::state>();
-  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev),
-                                  quiet_config<depot::host>(), /*asynchronous=*/true};
-  const auto s1 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000});
-  const auto s2 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x2000});
+  depot::detail::allocator_core a = async_core(ev);
+  const auto s1 = fake_stream(0x1000);
+  const auto s2 = fake_stream(0x2000);
   const auto n64 = static_cast<std::int64_t>(n);
   auto pending_blocks = [&] { return pending_in(a); };
 
@@ -2095,11 +2110,10 @@ TEST_CASE("pool: a graph capture gets a private pool, and no call that would inv
   const std::size_t n = each_block_kind();
   CAPTURE(n);
   auto ev = std::make_shared<manual_event_upstream::state>();
-  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev), quiet_config<depot::host>(),
-                                  /*asynchronous=*/true};
-  const auto s1 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000});
-  const auto s2 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x2000});
-  const auto s3 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x3000});
+  depot::detail::allocator_core a = async_core(ev);
+  const auto s1 = fake_stream(0x1000);
+  const auto s2 = fake_stream(0x2000);
+  const auto s3 = fake_stream(0x3000);
   auto pending_blocks = [&] { return pending_in(a); };
   auto pool_of = [&](void* p) { return capture_pool_of(a.snapshot(), p); };
   auto pool_bytes = [&](std::uint64_t pool) {
@@ -2117,11 +2131,11 @@ TEST_CASE("pool: a graph capture gets a private pool, and no call that would inv
   a.deallocate(x, s1, true, 0);
   REQUIRE(pending_blocks() == 1);
   // And s5's cache has a pending free (an event of s1), which no allocation there may query.
-  const auto s5 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x6000});
+  const auto s5 = fake_stream(0x6000);
   void* b5 = a.allocate(n, s5);
   a.record_stream(b5, s1);
   a.deallocate(b5, s5, true, 0);
-  const auto s4 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x5000});
+  const auto s4 = fake_stream(0x5000);
   void* spare = a.allocate(n, s4);
   a.deallocate(spare, s4, true, 0);
   REQUIRE(pending_blocks() == 2);
@@ -2237,10 +2251,9 @@ TEST_CASE("pool: a graph capture gets a private pool, and no call that would inv
 TEST_CASE("pool: a capture pool released during another capture waits for it to end (asynchronous backend)")
 {
   auto ev = std::make_shared<manual_event_upstream::state>();
-  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev), quiet_config<depot::host>(),
-                                  /*asynchronous=*/true};
-  const auto s1 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000});
-  const auto s2 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x2000});
+  depot::detail::allocator_core a = async_core(ev);
+  const auto s1 = fake_stream(0x1000);
+  const auto s2 = fake_stream(0x2000);
   const std::uint64_t p1 = a.begin_capture(s1, 0);
   void* x = a.allocate(MiB * 8, s1);
   a.end_capture(s1);
@@ -2267,10 +2280,9 @@ TEST_CASE("pool: a capture pool's frees that waited for events return to it befo
   const std::size_t n = each_block_kind();
   CAPTURE(n);
   auto ev = std::make_shared<manual_event_upstream::state>();
-  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev), quiet_config<depot::host>(),
-                                  /*asynchronous=*/true};
-  const auto s1 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000});
-  const auto s2 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x2000});
+  depot::detail::allocator_core a = async_core(ev);
+  const auto s1 = fake_stream(0x1000);
+  const auto s2 = fake_stream(0x2000);
   const std::uint64_t pool = a.begin_capture(s1, 0);
   void* x = a.allocate(n, s1);
   a.record_stream(x, s2);
@@ -2308,12 +2320,10 @@ TEST_CASE("pool: a capture in one allocator holds back every allocator of its ba
   // was told of must stop the others' unsafe calls too (the pinned host pool, another
   // device's allocator), and their frees' events wait for its end as well.
   auto ev = std::make_shared<manual_event_upstream::state>();
-  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev), quiet_config<depot::host>(),
-                                  /*asynchronous=*/true};
-  depot::detail::allocator_core b{std::make_unique<manual_event_upstream>(ev), quiet_config<depot::host>(),
-                                  /*asynchronous=*/true};
-  const auto s1 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000});
-  const auto s2 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x2000});
+  depot::detail::allocator_core a = async_core(ev);
+  depot::detail::allocator_core b = async_core(ev);
+  const auto s1 = fake_stream(0x1000);
+  const auto s2 = fake_stream(0x2000);
   // b: a free pending on an event of s2.
   void* p = b.allocate(MiB, s1);
   b.record_stream(p, s2);
@@ -2346,8 +2356,8 @@ TEST_CASE("pool: release_threshold never returns a held capture pool's memory")
   auto ev = std::make_shared<manual_event_upstream::state>();
   depot::allocator_config cfg = quiet_config<depot::host>();
   cfg.release_threshold = 0;  // return every whole free segment at once
-  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev), cfg, /*asynchronous=*/true};
-  const auto s1 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000});
+  depot::detail::allocator_core a = async_core(ev, cfg);
+  const auto s1 = fake_stream(0x1000);
   for (std::size_t n : {4 * KiB, 256 * KiB, 8 * MiB}) {
     CAPTURE(n);
     // A stream's block: its segment goes back upstream at the free.
@@ -2379,7 +2389,7 @@ TEST_CASE("pool: captures that begin and end while other threads allocate and fr
   auto ev = std::make_shared<manual_event_upstream::state>();
   depot::allocator_config cfg = quiet_config<depot::host>();
   cfg.release_threshold = 8 * MiB;  // frees return segments too, outside captures
-  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev), cfg, /*asynchronous=*/true};
+  depot::detail::allocator_core a = async_core(ev, cfg);
   const std::uint64_t seed = depot::test::seed("pool: captures while other threads allocate", 20261128);
   constexpr int k_workers = 3;
   std::atomic<bool> stop{false};
@@ -2418,7 +2428,7 @@ TEST_CASE("pool: captures that begin and end while other threads allocate and fr
       finished.fetch_add(1);
     });
   }
-  const auto cs = reinterpret_cast<depot::native_stream>(std::uintptr_t{0xC000});
+  const auto cs = fake_stream(0xC000);
   int forbidden = 0;
   for (int round = 0; round < 60; ++round) {
     const std::uint64_t pool = a.begin_capture(cs, 0);
@@ -2427,7 +2437,7 @@ TEST_CASE("pool: captures that begin and end while other threads allocate and fr
       ev->capture = true;
     }
     void* t = a.allocate(MiB, cs);
-    a.record_stream(t, reinterpret_cast<depot::native_stream>(std::uintptr_t{0xD000}));
+    a.record_stream(t, fake_stream(0xD000));
     a.deallocate(t, cs, true, 0);
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     {
@@ -2577,10 +2587,9 @@ TEST_CASE("pool: one operation that changes both pools counts its peaks once (as
   // inactive split bytes grow) and then takes a split small block (the small pool's
   // shrink): the "all" peak is the sum after the operation, not a mix of before and after.
   auto ev = std::make_shared<manual_event_upstream::state>();
-  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev),
-                                  quiet_config<depot::host>(), /*asynchronous=*/true};
-  const auto s1 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x1000});
-  const auto s2 = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x2000});
+  depot::detail::allocator_core a = async_core(ev);
+  const auto s1 = fake_stream(0x1000);
+  const auto s2 = fake_stream(0x2000);
   peak_tracker peaks;
   auto step = [&] {
     const depot::memory_stats st = a.stats();
@@ -3089,8 +3098,7 @@ TEST_CASE_TEMPLATE("pool: device_upstream records kept events again", D, DEPOT_T
 TEST_CASE("pool: streams that come and go on four threads are ordered by events, never by the device")
 {
   auto ev = std::make_shared<manual_event_upstream::state>();
-  depot::detail::allocator_core a{std::make_unique<manual_event_upstream>(ev), quiet_config<depot::host>(),
-                                  /*asynchronous=*/true};
+  depot::detail::allocator_core a = async_core(ev);
   const auto seed = depot::test::seed("pool streams come and go, 4 threads", 11);
   std::atomic<int> bad{0};
   std::vector<std::thread> threads;
@@ -3410,7 +3418,7 @@ TEST_CASE("pool: steals and reused handles are ordered by events where the strea
     CHECK(a->stats().reserved_bytes.all.current == 0);
   }
   SUBCASE("a new stream with a closed stream's handle waits for the fence before a cached block") {
-    const auto h = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x3000});
+    const auto h = fake_stream(0x3000);
     depot::stream_registry::opened(dev, h);
     void* x = a->allocate(n, h);
     a->deallocate(x, h, true, 0);
@@ -3439,7 +3447,7 @@ TEST_CASE("pool: steals and reused handles are ordered by events where the strea
     a->deallocate(w, thief.native(), true, 0);
   }
   SUBCASE("a free into a closed stream's cache: on a new stream with the handle, it waits for the fence") {
-    const auto h = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x6000});
+    const auto h = fake_stream(0x6000);
     const std::size_t m = 24 * MiB;  // a segment each
     depot::stream_registry::opened(dev, h);
     void* x = a->allocate(m, h);
@@ -3473,7 +3481,7 @@ TEST_CASE("pool: steals and reused handles are ordered by events where the strea
     depot::stream_registry::closing(dev, h);
   }
   SUBCASE("another device's closing, or a closing after the allocator is gone, changes nothing") {
-    const auto h = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x4000});
+    const auto h = fake_stream(0x4000);
     depot::stream_registry::opened(dev, h);
     void* x = a->allocate(n, h);
     a->deallocate(x, h, true, 0);
@@ -3488,9 +3496,8 @@ TEST_CASE("pool: steals and reused handles are ordered by events where the strea
   SUBCASE("memory ordered by another backend's streams (pinned host memory) hears only those") {
     auto ev2 = std::make_shared<manual_event_upstream::state>();
     ev2->streams = depot::device_id{depot::device_kind::cuda, -1};  // any CUDA device
-    depot::detail::allocator_core pinned{std::make_unique<manual_event_upstream>(ev2),
-                                         quiet_config<depot::host>(), /*asynchronous=*/true};
-    const auto h = reinterpret_cast<depot::native_stream>(std::uintptr_t{0x5000});
+    depot::detail::allocator_core pinned = async_core(ev2);
+    const auto h = fake_stream(0x5000);
     void* x = pinned.allocate(n, h);
     pinned.deallocate(x, h, true, 0);
     depot::stream_registry::closing(dev, h);  // a host stream: not one of its streams
