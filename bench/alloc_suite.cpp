@@ -16,6 +16,7 @@
 #include "bench_result.hpp"
 
 #include <depot/config.hpp>
+#include <depot/hal/format_bytes.hpp>
 #include <depot/hal/runtime.hpp>
 #include <depot/hal/stream.hpp>
 #include <depot/pool/caching_allocator.hpp>
@@ -25,6 +26,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -51,12 +53,22 @@ void torch_empty_cache();
 namespace {
 
 struct workload_step;
+struct slot_step;
 
 struct allocator_under_test {
   std::string name;
   std::function<void()> reset;  // between configurations (release cached memory)
   // Replays a workload (run_workload) with this allocator's calls inlined into the loop.
   std::function<void(const std::vector<workload_step>&, const std::vector<native_stream>&)> run;
+  // Replays steps on a table of blocks the caller keeps (run_slots), on one stream.
+  std::function<void(std::vector<void*>&, const std::vector<slot_step>&, native_stream)> run_slots;
+};
+
+// One step on a table of live blocks (`depot-bench live`): the block in `slot`, if any, is
+// freed, then (size != 0) a new block of `size` bytes takes its place.
+struct slot_step {
+  std::uint32_t slot;
+  std::size_t size;
 };
 
 // One step of the workload: allocate `size` bytes on streams[stream], or (size 0) free the
@@ -164,6 +176,18 @@ void run_workload(const Allocate& allocate, const Deallocate& deallocate, const 
   }
 }
 
+// Steps on a table of blocks (timed by the caller).
+template <class Allocate, class Deallocate>
+void run_slots(const Allocate& allocate, const Deallocate& deallocate, std::vector<void*>& table,
+               const std::vector<slot_step>& steps, native_stream stream)
+{
+  for (const slot_step& w : steps) {
+    void*& p = table[w.slot];
+    if (p != nullptr) deallocate(p, stream);
+    p = w.size != 0 ? allocate(w.size, stream) : nullptr;
+  }
+}
+
 // An allocator under test from its calls. The workload loop is made for those calls
 // (run_workload instantiated with them), so each allocator is called as its users call it
 // (depot's pool and the runtime's functions directly, torch through its allocator's virtual
@@ -175,7 +199,29 @@ allocator_under_test under_test(std::string name, Allocate allocate, Deallocate 
   return {std::move(name), std::move(reset),
           [allocate, deallocate](const std::vector<workload_step>& steps, const std::vector<native_stream>& streams) {
             run_workload(allocate, deallocate, steps, streams);
+          },
+          [allocate, deallocate](std::vector<void*>& table, const std::vector<slot_step>& steps, native_stream s) {
+            run_slots(allocate, deallocate, table, steps, s);
           }};
+}
+
+// The workload alone (the replay of the steps: the calls, the table of live blocks) with an
+// allocator that does nothing: the floor under every allocator's figure, measured the same
+// way (one thread's sequence, per pair).
+allocator_under_test workload_floor()
+{
+  struct state {
+    std::uintptr_t next = 4096;
+    void* volatile freed = nullptr;  // what the free keeps, so no step is optimised away
+  };
+  auto st = std::make_shared<state>();
+  return under_test(
+      "workload",
+      [st](std::size_t, native_stream) {
+        st->next += 512;
+        return reinterpret_cast<void*>(st->next);
+      },
+      [st](void* p, native_stream) { st->freed = p; }, [] {});
 }
 
 template <device D>
@@ -253,18 +299,7 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
   std::printf(" %9s", "workload");
   for (const auto& a : allocators) std::printf(" %14s %7s", a.name.c_str(), "ratio");
   std::printf("\n");
-  // The workload alone (the replay of the steps: the calls through std::function, the table
-  // of live blocks) with an allocator that does nothing: the floor under every allocator's
-  // figure, measured the same way (one thread's sequence, per pair).
-  std::uintptr_t fake = 4096;
-  void* volatile freed = nullptr;  // what the floor's free keeps, so no step is optimised away
-  const allocator_under_test floor = under_test(
-      "workload",
-      [&fake](std::size_t, native_stream) {
-        fake += 512;
-        return reinterpret_cast<void*>(fake);
-      },
-      [&freed](void* p, native_stream) { freed = p; }, [] {});
+  const allocator_under_test floor = workload_floor();
   for (std::size_t n : opts.alloc_counts) {
     for (std::size_t max_size : opts.alloc_max_sizes) {
       std::printf("  %8zu %9s", n, (std::to_string(max_size >> 10) + " KiB").c_str());
@@ -531,6 +566,148 @@ void alloc_all(const options& opts, int device, nlohmann::json& rows, nlohmann::
   }
 }
 
+// `depot-bench live`: whether a pair's time grows with the number of live blocks (the pool
+// must use constant-time structures: a search over a tree or list of blocks gets slower as
+// they grow). Per (L, max): L blocks of sizes uniform in [1, max] are made first (untimed),
+// then M pairs are timed, each freeing a random live block and allocating a new random size
+// in its place, on one stream of one pinned thread: one warm-up run, then the median of
+// --alloc-reps runs, the allocators' runs interleaved (each keeps its L blocks live all the
+// while). A row whose live bytes (L x max / 2 expected) would pass --live-cap is skipped.
+// Per max, a last line gives each allocator's time at the largest L run over its time at
+// the smallest. The raw cudaMalloc / hipMalloc is left out (tens of µs a call: 10^6 blocks
+// would take minutes), and depot-expandable (its hits are depot's).
+template <device D>
+void live_device(const options& opts, int device, nlohmann::json& rows, nlohmann::json& growth)
+{
+  const std::size_t cap = opts.live_cap;
+  const std::size_t m = opts.live_pairs;
+  std::printf("\n%s:%d  live blocks: L blocks of sizes uniform in [1, max] made first (untimed), then %zu pairs "
+              "timed, each freeing a random live block and allocating a new size in its place; seed %u, one "
+              "thread%s on one stream; us per free+allocate pair (median of %d warm runs, the allocators' runs "
+              "interleaved), ratio = allocator / depot\n",
+              std::string{D::name}.c_str(), device, m, opts.seed, opts.alloc_pin ? " (pinned)" : "", opts.alloc_reps);
+  std::unique_ptr<caching_allocator<D>> depot_pool;
+  auto allocators = allocators_for<D>(device, cap, depot_pool);
+  std::erase_if(allocators, [&](const allocator_under_test& x) {
+    if (x.name == "depot") return false;
+    if (x.name == "depot-expandable" || (is_gpu_v<D> && x.name == std::string{D::name} + "Malloc")) return true;
+    return !opts.alloc_only.empty() &&
+           std::find(opts.alloc_only.begin(), opts.alloc_only.end(), x.name) == opts.alloc_only.end();
+  });
+  std::printf("  %8s %9s %9s", "L", "max", "workload");
+  for (const auto& a : allocators) std::printf(" %14s %7s", a.name.c_str(), "ratio");
+  std::printf("\n");
+  const allocator_under_test floor = workload_floor();
+  const stream<D> st{device};
+  for (const std::size_t max_size : opts.live_max_sizes) {
+    const std::string max_text = max_size >= (std::size_t{1} << 20) && max_size % (std::size_t{1} << 20) == 0
+                                     ? std::to_string(max_size >> 20) + " MiB"
+                                     : std::to_string(max_size >> 10) + " KiB";
+    std::vector<double> first_us(allocators.size(), 0.0);
+    std::vector<double> last_us(allocators.size(), 0.0);
+    std::size_t first_l = 0;
+    std::size_t last_l = 0;
+    for (const std::size_t l : opts.live_blocks) {
+      std::printf("  %8zu %9s", l, max_text.c_str());
+      const std::size_t half = max_size / 2 + 1;  // (the expected size, rounded up)
+      if (l > cap / half) {
+        std::printf("   skipped: ~%s live, above --live-cap %s\n", format_bytes(l * half).c_str(),
+                    format_bytes(cap).c_str());
+        continue;
+      }
+      std::default_random_engine rng{opts.seed};
+      std::uniform_int_distribution<std::size_t> size_dist{1, max_size};
+      std::uniform_int_distribution<std::uint32_t> slot_dist{0, static_cast<std::uint32_t>(l - 1)};
+      std::vector<slot_step> fill;
+      std::vector<slot_step> pairs;
+      std::vector<slot_step> drain;
+      fill.reserve(l);
+      drain.reserve(l);
+      pairs.reserve(m);
+      for (std::size_t i = 0; i < l; ++i) fill.push_back({static_cast<std::uint32_t>(i), size_dist(rng)});
+      for (std::size_t i = 0; i < m; ++i) {
+        const std::uint32_t k = slot_dist(rng);
+        pairs.push_back({k, size_dist(rng)});
+      }
+      for (std::size_t i = 0; i < l; ++i) drain.push_back({static_cast<std::uint32_t>(i), 0});
+      const auto timed = [&](const allocator_under_test& a, std::vector<void*>& table) {
+        const auto t0 = std::chrono::steady_clock::now();
+        a.run_slots(table, pairs, st.native());
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        st.synchronize();
+        return s * 1e6 / static_cast<double>(m);
+      };
+      std::vector<double> floor_runs;
+      {
+        std::vector<void*> table(l, nullptr);
+        floor.run_slots(table, fill, st.native());
+        for (int rep = 0; rep <= opts.alloc_reps; ++rep) {
+          const double us = timed(floor, table);
+          if (rep > 0) floor_runs.push_back(us);
+        }
+      }
+      const double floor_us = median(floor_runs);
+      std::printf(" %9.3f", floor_us);
+      std::vector<std::vector<void*>> tables(allocators.size(), std::vector<void*>(l, nullptr));
+      std::vector<std::vector<double>> runs(allocators.size());
+      for (std::size_t k = 0; k < allocators.size(); ++k) {
+        allocators[k].reset();
+        allocators[k].run_slots(tables[k], fill, st.native());
+        (void)timed(allocators[k], tables[k]);  // warm-up
+      }
+      for (int rep = 0; rep < opts.alloc_reps; ++rep) {
+        for (std::size_t k = 0; k < allocators.size(); ++k) runs[k].push_back(timed(allocators[k], tables[k]));
+      }
+      double depot_us = 0;
+      for (std::size_t k = 0; k < allocators.size(); ++k) {
+        const double us = median(runs[k]);
+        if (allocators[k].name == "depot") depot_us = us;
+        std::printf(" %14.3f %7.2f", us, us / depot_us);
+        nlohmann::json row{{"device", std::string{D::name} + ":" + std::to_string(device)},
+                           {"allocator", allocators[k].name},
+                           {"live_blocks", l},
+                           {"max_size", max_size},
+                           {"pairs", m},
+                           {"us_per_pair", us},
+                           {"workload_us_per_pair", floor_us},
+                           {"run_us_per_pair", runs[k]},
+                           {"ratio_to_depot", us / depot_us}};
+        if (allocators[k].name == "depot" && depot_pool) {
+          const memory_stats ms = depot_pool->stats();
+          row["allocated_bytes"] = ms.allocated_bytes.all.current;
+          row["reserved_bytes"] = ms.reserved_bytes.all.current;
+          row["segments"] = ms.num_segments.all.current;
+          row["cache_misses"] = ms.num_cache_misses;
+        }
+        rows.push_back(std::move(row));
+        if (first_l == 0) first_us[k] = us;
+        last_us[k] = us;
+      }
+      if (first_l == 0) first_l = l;
+      last_l = l;
+      std::printf("\n");
+      std::fflush(stdout);
+      for (std::size_t k = 0; k < allocators.size(); ++k) allocators[k].run_slots(tables[k], drain, st.native());
+      st.synchronize();
+    }
+    if (first_l != 0 && last_l != first_l) {
+      std::printf("  %s, L %zu -> %zu: time per pair x", max_text.c_str(), first_l, last_l);
+      for (std::size_t k = 0; k < allocators.size(); ++k) {
+        std::printf(" %.2f (%s)%s", last_us[k] / first_us[k], allocators[k].name.c_str(),
+                    k + 1 < allocators.size() ? "," : "\n");
+        growth.push_back({{"device", std::string{D::name} + ":" + std::to_string(device)},
+                          {"allocator", allocators[k].name},
+                          {"max_size", max_size},
+                          {"from_blocks", first_l},
+                          {"to_blocks", last_l},
+                          {"growth", last_us[k] / first_us[k]}});
+      }
+    }
+  }
+  for (auto& a : allocators) a.reset();  // (depot's pool: a new, empty one)
+  depot_pool.reset();
+}
+
 // The stream caches' lock alone: one thread takes it and gives it back with three memory
 // updates inside (as a cache operation's bookkeeping), biased (after its run of takes) and
 // never biased (one compare-exchange per take); best of 10 runs of 10^6, ns per take.
@@ -624,6 +801,32 @@ void alloc_reader(nlohmann::json& out)
 }
 
 }  // namespace
+
+nlohmann::json run_live(const options& opts)
+{
+  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json growth = nlohmann::json::array();
+  // On one pinned thread (as the alloc suite's), this thread's own placement left alone.
+  std::exception_ptr failed;
+  std::thread runner([&] {
+    try {
+      if (opts.alloc_pin) pin_this_thread(cpu_for_thread(0));
+      if (opts.device == "all" || opts.device == "host") live_device<host>(opts, 0, rows, growth);
+#if DEPOT_HAS_CUDA
+      if ((opts.device == "all" || opts.device == "cuda") && device_count<cuda>() > 0) live_device<cuda>(opts, 0, rows, growth);
+#endif
+#if DEPOT_HAS_HIP
+      if ((opts.device == "all" || opts.device == "hip") && device_count<hip>() > 0) live_device<hip>(opts, 0, rows, growth);
+#endif
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  });
+  runner.join();
+  if (failed) std::rethrow_exception(failed);
+  return nlohmann::json{{"suite", "live"}, {"seed", opts.seed}, {"pairs", opts.live_pairs}, {"rows", rows},
+                        {"growth", growth}};
+}
 
 nlohmann::json run_alloc(const options& opts)
 {

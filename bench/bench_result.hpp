@@ -29,6 +29,10 @@ struct options {
   unsigned seed = 1;
   std::vector<std::string> alloc_only;  // allocator names to run (empty: all)
   std::string trace_out;  // alloc: write the depot allocator's trace (depot.trace.v1) here
+  // live suite
+  std::vector<std::size_t> live_blocks{1000, 10000, 100000, 1000000};
+  std::vector<std::size_t> live_max_sizes{std::size_t{4} << 10, std::size_t{64} << 10, std::size_t{4} << 20};
+  std::size_t live_pairs = 100000;  // timed pairs per run
   // replay suite
   std::string replay_file;   // a depot trace JSON or RMM CSV log
   std::size_t capacity = 0;  // replay on a simulated device of this many bytes (0: the real one)
@@ -56,6 +60,7 @@ using suite_fn = nlohmann::json (*)(const options&);
 
 nlohmann::json run_info(const options& opts);
 nlohmann::json run_alloc(const options& opts);
+nlohmann::json run_live(const options& opts);
 nlohmann::json run_replay(const options& opts);
 nlohmann::json run_ops(const options& opts);
 nlohmann::json run_staging(const options& opts);

@@ -35,6 +35,8 @@ constexpr std::array suites{
           &depot::bench::run_info},
     suite{"alloc", "random_allocations: depot's pool against raw, stream-ordered and torch allocators",
           true, &depot::bench::run_alloc},
+    suite{"live", "allocation and free with 10^3 to 10^6 blocks live: whether a pair gets slower as they grow",
+          true, &depot::bench::run_live},
     suite{"replay", "replays a recorded trace (depot JSON or RMM CSV) against depot and the alternatives",
           false, &depot::bench::run_replay},
     suite{"ops", "fill, copy, transpose, gather, scatter-add and masked_select against memset/memcpy", true,
@@ -88,7 +90,7 @@ int main(int argc, char** argv)
       ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 36))
       ->capture_default_str();
-  app.add_option("--live-cap", opts.live_cap, "alloc: cap on live bytes")
+  app.add_option("--live-cap", opts.live_cap, "alloc, live: cap on live bytes")
       ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Range(std::size_t{1} << 20, std::size_t{1} << 40))
       ->capture_default_str();
@@ -101,7 +103,7 @@ int main(int argc, char** argv)
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app.add_option("--seed", opts.seed, "alloc: random seed")->capture_default_str();
-  app.add_option("--alloc-reps", opts.alloc_reps, "alloc: timed runs after a warm-up (median reported)")
+  app.add_option("--alloc-reps", opts.alloc_reps, "alloc, live: timed runs after a warm-up (median reported)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
   app.add_flag("!--alloc-no-pin", opts.alloc_pin,
@@ -111,6 +113,16 @@ int main(int argc, char** argv)
                  "alloc: run only these allocators (depot, malloc, cudaMalloc, cudaMallocAsync, "
                  "hipMalloc, hipMallocAsync, torch); depot always runs, as the reference");
 
+  app.add_option("--live-blocks", opts.live_blocks, "live: blocks kept live (list)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10000000}))
+      ->capture_default_str();
+  app.add_option("--live-max", opts.live_max_sizes, "live: largest request size (list; KiB, MiB suffixes)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 36))
+      ->capture_default_str();
+  app.add_option("--live-pairs", opts.live_pairs, "live: timed free+allocate pairs per run")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{100000000}))
+      ->capture_default_str();
   app.add_option("--trace-out", opts.trace_out,
                  "alloc: write the depot allocator's trace of the last configuration (depot.trace.v1) to this file");
   app.add_option("--replay-file", opts.replay_file, "replay: the trace to replay (depot JSON or RMM CSV)")

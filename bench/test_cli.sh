@@ -10,6 +10,7 @@ fail=0
 check() { if "$@"; then :; else echo "FAILED: $*"; fail=1; fi; }
 
 "$bench" --size 4MiB --repetitions 3 --alloc-n 2000 --alloc-max 64KiB --alloc-max 4MiB \
+  --live-blocks 1000 --live-blocks 10000 --live-blocks 3000000 --live-max 4KiB --live-pairs 20000 \
   --json "$tmp/r.json" > "$tmp/out" 2>&1
 check test $? -eq 0
 check grep -q "host:0" "$tmp/out"
@@ -26,7 +27,17 @@ assert e['peak_reserved'] == e['peak_allocated'] and o['peak_reserved'] > 2 * o[
 assert e['segments_peak'] == 1, gr; \
 assert 4 << 20 <= e['kept_reserved_after_empty_cache'] <= 6 << 20 < o['kept_reserved_after_empty_cache'], gr; \
 m=[x for x in a['map_pages'] if x['device']=='host:0']; assert len(m)==1 and m[0]['pages']==32, a['map_pages']; \
-assert m[0]['page_bytes']==2 << 20 and m[0]['per_page_ms'] > 0 and m[0]['one_call_ms'] > 0, m"
+assert m[0]['page_bytes']==2 << 20 and m[0]['per_page_ms'] > 0 and m[0]['one_call_ms'] > 0, m; \
+v=r['suites'][2]; assert v['suite']=='live' and v['pairs']==20000, v; \
+h=[x for x in v['rows'] if x['device']=='host:0']; assert len(h)==4, h; \
+assert {x['allocator'] for x in h}=={'depot','malloc'} and {x['live_blocks'] for x in h}=={1000, 10000}, h; \
+assert all(x['us_per_pair']>0 and x['max_size']==4096 and len(x['run_us_per_pair'])==3 for x in h), h; \
+d=[x for x in h if x['allocator']=='depot' and x['live_blocks']==10000][0]; \
+assert d['allocated_bytes'] > 10000 * 512 and d['reserved_bytes'] >= d['allocated_bytes'], d; \
+gw=[x for x in v['growth'] if x['device']=='host:0']; assert len(gw)==2 and all(x['from_blocks']==1000 and \
+x['to_blocks']==10000 and x['growth']>0 for x in gw), gw; \
+assert r['suites'][3]['suite']=='ops', [x['suite'] for x in r['suites']]"
+check grep -q "3000000     4 KiB   skipped: ~5.72 GiB live, above --live-cap 1.00 GiB" "$tmp/out"
 
 "$bench" info --device host --size 1MiB --repetitions 2 > "$tmp/out" 2>&1
 check test $? -eq 0
@@ -46,7 +57,7 @@ check python3 -c "import json; s=json.load(open('$tmp/s.json'))['suites'][0]; as
 rows=s['rows']; assert [r['bytes'] for r in rows]==[65536, 1048576], rows; \
 assert all(len(r['loops'])==6 and all(l['ms']>0 and l['efficiency']>0 for l in r['loops']) for r in rows), rows"
 
-for bad in "--device tpu" "--size 0" "--repetitions 0" "--size lots" "nosuchsuite" "--threads 0" "--alloc-streams 0" "--alloc-n 0" "--staging-sizes 1" "--compute-us -1" "--staging-steps 1" "--staging-workers 0"; do
+for bad in "--device tpu" "--size 0" "--repetitions 0" "--size lots" "nosuchsuite" "--threads 0" "--alloc-streams 0" "--alloc-n 0" "--staging-sizes 1" "--compute-us -1" "--staging-steps 1" "--staging-workers 0" "--live-blocks 0" "--live-max 0" "--live-pairs 0"; do
   # shellcheck disable=SC2086
   if "$bench" $bad > "$tmp/err" 2>&1; then
     echo "FAILED: depot-bench $bad was accepted"; fail=1
