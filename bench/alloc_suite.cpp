@@ -205,6 +205,20 @@ allocator_under_test under_test(std::string name, Allocate allocate, Deallocate 
           }};
 }
 
+// Whether --alloc-only asks for allocator `name` (everything is asked for without it).
+bool asked(const options& opts, const std::string& name)
+{
+  const auto& only = opts.alloc_only;
+  return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
+}
+
+// How rows name device `device` of backend D ("cuda:0").
+template <device D>
+std::string device_label(int device)
+{
+  return std::string{D::name} + ":" + std::to_string(device);
+}
+
 // The workload alone (the replay of the steps: the calls, the table of live blocks) with an
 // allocator that does nothing: the floor under every allocator's figure, measured the same
 // way (one thread's sequence, per pair).
@@ -290,12 +304,7 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
   std::printf("  %8s %9s", "N", "max");
   std::unique_ptr<caching_allocator<D>> depot_pool;
   auto allocators = allocators_for<D>(device, cap, depot_pool, opts.trace_out.empty() ? 0 : std::size_t{1} << 20);
-  if (!opts.alloc_only.empty()) {
-    std::erase_if(allocators, [&](const allocator_under_test& x) {
-      return x.name != "depot" &&
-             std::find(opts.alloc_only.begin(), opts.alloc_only.end(), x.name) == opts.alloc_only.end();
-    });
-  }
+  std::erase_if(allocators, [&](const allocator_under_test& x) { return x.name != "depot" && !asked(opts, x.name); });
   std::printf(" %9s", "workload");
   for (const auto& a : allocators) std::printf(" %14s %7s", a.name.c_str(), "ratio");
   std::printf("\n");
@@ -373,7 +382,7 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
         if (a.name == "depot") depot_us = us;
         std::printf(" %14.3f %7.2f", us, us / depot_us);
         std::fflush(stdout);
-        rows.push_back({{"device", std::string{D::name} + ":" + std::to_string(device)},
+        rows.push_back({{"device", device_label<D>(device)},
                         {"allocator", a.name},
                         {"n", n},
                         {"max_size", max_size},
@@ -453,7 +462,7 @@ void alloc_growth(int device, nlohmann::json& growing)
                 static_cast<double>(st.reserved_bytes.all.peak) / 1048576.0, ratio,
                 static_cast<long long>(st.num_segments.all.peak), static_cast<long long>(st.num_cache_misses), ms,
                 static_cast<double>(kept_reserved) / 1048576.0);
-    growing.push_back({{"device", std::string{D::name} + ":" + std::to_string(device)},
+    growing.push_back({{"device", device_label<D>(device)},
                     {"allocator", name},
                     {"peak_allocated", st.allocated_bytes.all.peak},
                     {"peak_reserved", st.reserved_bytes.all.peak},
@@ -503,7 +512,7 @@ void alloc_map_pages(int device, nlohmann::json& maps)
   std::printf("\n%s:%d  mapping %zu pages of %zu KiB (an expandable segment's miss), median of 7: one call per page "
               "%.3f ms, one call for all %.3f ms (ratio %.2f)\n",
               std::string{D::name}.c_str(), device, count, page >> 10, per_page, batched, per_page / batched);
-  maps.push_back({{"device", std::string{D::name} + ":" + std::to_string(device)},
+  maps.push_back({{"device", device_label<D>(device)},
                   {"pages", count},
                   {"page_bytes", page},
                   {"per_page_ms", per_page},
@@ -544,7 +553,7 @@ void alloc_hole_miss(int device, nlohmann::json& out)
     }
     std::sort(us.begin(), us.end());
     std::printf(" H=%zu %.1f us;", holes, us[us.size() / 2]);
-    out.push_back({{"device", std::string{D::name} + ":" + std::to_string(device)},
+    out.push_back({{"device", device_label<D>(device)},
                    {"holes", holes},
                    {"page_bytes", page},
                    {"miss_us", us[us.size() / 2]}});
@@ -558,8 +567,7 @@ void alloc_all(const options& opts, int device, nlohmann::json& rows, nlohmann::
                nlohmann::json& hole_misses)
 {
   alloc_device<D>(opts, device, rows);
-  const auto& only = opts.alloc_only;
-  if (only.empty() || std::find(only.begin(), only.end(), "depot-expandable") != only.end()) {
+  if (asked(opts, "depot-expandable")) {
     alloc_growth<D>(device, growing);
     alloc_map_pages<D>(device, maps);
     alloc_hole_miss<D>(device, hole_misses);
@@ -591,8 +599,7 @@ void live_device(const options& opts, int device, nlohmann::json& rows, nlohmann
   std::erase_if(allocators, [&](const allocator_under_test& x) {
     if (x.name == "depot") return false;
     if (x.name == "depot-expandable" || (is_gpu_v<D> && x.name == std::string{D::name} + "Malloc")) return true;
-    return !opts.alloc_only.empty() &&
-           std::find(opts.alloc_only.begin(), opts.alloc_only.end(), x.name) == opts.alloc_only.end();
+    return !asked(opts, x.name);
   });
   std::printf("  %8s %9s %9s", "L", "max", "workload");
   for (const auto& a : allocators) std::printf(" %14s %7s", a.name.c_str(), "ratio");
@@ -663,7 +670,7 @@ void live_device(const options& opts, int device, nlohmann::json& rows, nlohmann
         const double us = median(runs[k]);
         if (allocators[k].name == "depot") depot_us = us;
         std::printf(" %14.3f %7.2f", us, us / depot_us);
-        nlohmann::json row{{"device", std::string{D::name} + ":" + std::to_string(device)},
+        nlohmann::json row{{"device", device_label<D>(device)},
                            {"allocator", allocators[k].name},
                            {"live_blocks", l},
                            {"max_size", max_size},
@@ -695,7 +702,7 @@ void live_device(const options& opts, int device, nlohmann::json& rows, nlohmann
       for (std::size_t k = 0; k < allocators.size(); ++k) {
         std::printf(" %.2f (%s)%s", last_us[k] / first_us[k], allocators[k].name.c_str(),
                     k + 1 < allocators.size() ? "," : "\n");
-        growth.push_back({{"device", std::string{D::name} + ":" + std::to_string(device)},
+        growth.push_back({{"device", device_label<D>(device)},
                           {"allocator", allocators[k].name},
                           {"max_size", max_size},
                           {"from_blocks", first_l},
