@@ -53,6 +53,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -494,6 +495,170 @@ TEST_CASE_TEMPLATE("pool: out of memory retries, then throws a full report, and 
   }
   CHECK(counters->outstanding.load() == 0);  // everything went back to the upstream
   CHECK(counters->failures.load() >= 2);
+}
+
+// The out-of-memory handler (RMM's failure callback, PyTorch's out-of-memory observers):
+// called after the allocator's own retries, with no lock held, so it can free memory here;
+// true tries the request again, false (or no handler) lets out_of_memory go, counted once.
+TEST_CASE_TEMPLATE("pool: an out-of-memory handler can free memory and have the request tried again", D,
+                   DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  {
+    depot::caching_allocator<D> a{std::make_unique<limiting_upstream<D>>(80 * MiB, counters),
+                                  quiet_config<D>()};
+    a.set_trace_capacity(64);
+    void* held = a.allocate(60 * MiB);  // 40 MiB more cannot fit beside it
+    std::vector<std::pair<std::size_t, unsigned>> calls;  // (requested bytes, attempt)
+
+    SUBCASE("it frees a block of this allocator and says retry: the request succeeds") {
+      a.set_oom_handler([&](const depot::out_of_memory& e, unsigned attempt) {
+        calls.emplace_back(e.requested_bytes(), attempt);
+        CHECK(contains(e.what(), "out of memory"));
+        CHECK(e.device() == a.device());
+        check_invariants(a.stats(), a.snapshot());  // (no lock of the allocator is held)
+        a.deallocate(std::exchange(held, nullptr));
+        return true;
+      });
+      void* z = a.allocate(40 * MiB + 1);
+      REQUIRE(z != nullptr);
+      CHECK(calls == std::vector<std::pair<std::size_t, unsigned>>{{40 * MiB + 1, 1U}});
+      const auto st = a.stats();
+      CHECK(st.num_ooms == 0);
+      CHECK(st.allocated_bytes.all.current == static_cast<std::int64_t>(40 * MiB + 512));
+      const auto trace = a.trace();
+      CHECK(std::count_if(trace.begin(), trace.end(), [](const depot::trace_event& t) {
+              return t.kind == depot::trace_kind::out_of_memory;
+            }) == 1);  // the failure the handler saw is in the trace
+      depot::runtime<D>::set_async(z, 3, 40 * MiB + 1, nullptr);
+      depot::runtime<D>::synchronize(0);
+      a.deallocate(z);
+    }
+    SUBCASE("it declines: out_of_memory goes to the caller, counted once") {
+      a.set_oom_handler([&](const depot::out_of_memory& e, unsigned attempt) {
+        calls.emplace_back(e.requested_bytes(), attempt);
+        return false;
+      });
+      CHECK_THROWS_AS((void)a.allocate(40 * MiB), depot::out_of_memory);
+      CHECK(calls == std::vector<std::pair<std::size_t, unsigned>>{{40 * MiB, 1U}});
+      CHECK(a.stats().num_ooms == 1);
+    }
+    SUBCASE("it says retry without freeing: called with attempts 1, 2, 3 until it declines") {
+      a.set_oom_handler([&](const depot::out_of_memory& e, unsigned attempt) {
+        calls.emplace_back(e.requested_bytes(), attempt);
+        return attempt < 3;
+      });
+      try {
+        (void)a.allocate(40 * MiB);
+        FAIL("40 MiB beside 60 MiB under an 80 MiB upstream succeeded");
+      } catch (const depot::out_of_memory& e) {
+        CHECK(e.requested_bytes() == 40 * MiB);
+        CHECK(contains(e.what(), "largest free block"));  // the allocator's own report
+      }
+      CHECK(calls == std::vector<std::pair<std::size_t, unsigned>>{{40 * MiB, 1U}, {40 * MiB, 2U}, {40 * MiB, 3U}});
+      CHECK(a.stats().num_ooms == 1);
+    }
+    SUBCASE("an exception it throws goes to the caller in place of out_of_memory") {
+      a.set_oom_handler([](const depot::out_of_memory&, unsigned) -> bool { throw std::runtime_error("handler"); });
+      CHECK_THROWS_WITH_AS((void)a.allocate(40 * MiB), "handler", std::runtime_error);
+      CHECK(a.stats().num_ooms == 0);
+    }
+    SUBCASE("an empty handler removes it") {
+      a.set_oom_handler([&](const depot::out_of_memory& e, unsigned attempt) {
+        calls.emplace_back(e.requested_bytes(), attempt);
+        return false;
+      });
+      a.set_oom_handler({});
+      CHECK_THROWS_AS((void)a.allocate(40 * MiB), depot::out_of_memory);
+      CHECK(calls.empty());
+      CHECK(a.stats().num_ooms == 1);
+    }
+    SUBCASE("a request above the largest accepted size never reaches it (no retry could help)") {
+      a.set_oom_handler([&](const depot::out_of_memory& e, unsigned attempt) {
+        calls.emplace_back(e.requested_bytes(), attempt);
+        return true;
+      });
+      CHECK_THROWS_AS((void)a.allocate((std::size_t{1} << 56) + 1), depot::out_of_memory);
+      CHECK(calls.empty());
+      CHECK(a.stats().num_ooms == 1);
+    }
+    check_invariants(a);
+    if (held != nullptr) a.deallocate(held);
+  }
+  CHECK(counters->outstanding.load() == 0);
+}
+
+// The free function sets the process-wide pool's handler; a request no device can hold
+// (1 PiB: the upstream refuses it at once) reaches it.
+TEST_CASE_TEMPLATE("pool: set_oom_handler<D>() reaches pool<D>()", D, DEPOT_TEST_DEVICES)
+{
+  const std::size_t huge = std::size_t{1} << 50;
+  std::vector<std::pair<std::size_t, unsigned>> calls;
+  depot::set_oom_handler<D>([&](const depot::out_of_memory& e, unsigned attempt) {
+    calls.emplace_back(e.requested_bytes(), attempt);
+    return attempt < 2;
+  });
+  const auto ooms = depot::get_memory_stats<D>().num_ooms;
+  CHECK_THROWS_AS((void)depot::pool<D>().allocate(huge), depot::out_of_memory);
+  depot::set_oom_handler<D>({});
+  CHECK(calls == std::vector<std::pair<std::size_t, unsigned>>{{huge, 1U}, {huge, 2U}});
+  CHECK(depot::get_memory_stats<D>().num_ooms == ooms + 1);
+  CHECK_THROWS_AS((void)depot::pool<D>().allocate(huge), depot::out_of_memory);
+  CHECK(calls.size() == 2);  // removed
+}
+
+// Threads that run out of memory at once each get the handler, which is replaced while they
+// do; no lock is held around it (it frees this allocator's memory) and no figure drifts.
+TEST_CASE_TEMPLATE("pool: out-of-memory handlers on many threads at once", D, DEPOT_TEST_DEVICES)
+{
+  auto counters = std::make_shared<typename limiting_upstream<D>::counters>();
+  {
+    depot::caching_allocator<D> a{std::make_unique<limiting_upstream<D>>(64 * MiB, counters),
+                                  quiet_config<D>()};
+    constexpr int threads = 4;
+    constexpr int rounds = 40;
+    std::atomic<int> calls{0};
+    std::atomic<int> declined{0};
+    const auto handler = [&](const depot::out_of_memory&, unsigned attempt) {
+      calls.fetch_add(1);
+      (void)a.stats();
+      if (attempt >= 2) {
+        declined.fetch_add(1);
+        return false;
+      }
+      return true;
+    };
+    a.set_oom_handler(handler);
+    // 48 MiB held: no 24 MiB request fits beside it, so every one fails, twice.
+    void* held[2] = {a.allocate(24 * MiB), a.allocate(24 * MiB)};
+    std::atomic<int> thrown{0};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        depot::stream<D> s;
+        for (int r = 0; r < rounds; ++r) {
+          try {
+            a.deallocate(a.allocate(24 * MiB, s), s);
+          } catch (const depot::out_of_memory&) {
+            thrown.fetch_add(1);
+          }
+          void* small = a.allocate(4 * KiB, s);  // the caches go on serving what fits
+          if (t == 0 && r % 8 == 0) a.set_oom_handler(handler);  // replaced while others call it
+          a.deallocate(small, s);
+        }
+      });
+    }
+    for (auto& th : pool) th.join();
+    const auto st = a.stats();
+    CHECK(thrown.load() == threads * rounds);
+    CHECK(st.num_ooms == thrown.load());
+    CHECK(declined.load() == thrown.load());
+    CHECK(calls.load() == 2 * thrown.load());
+    check_invariants(st, a.snapshot());
+    a.deallocate(held[0]);
+    a.deallocate(held[1]);
+  }
+  CHECK(counters->outstanding.load() == 0);
 }
 
 TEST_CASE_TEMPLATE("pool: out of memory with a fragmented cache suggests the settings that help", D,

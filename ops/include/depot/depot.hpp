@@ -32,6 +32,7 @@
 #include <depot/pool/fixed_pool.hpp>
 #include <depot/pool/memory_functions.hpp>
 #include <depot/pool/memory_stats.hpp>
+#include <depot/pool/oom_handler.hpp>
 #include <depot/pool/pool.hpp>
 #include <depot/pool/profile_memory.hpp>
 #include <depot/pool/trace_event.hpp>

@@ -11,6 +11,7 @@
 #include <depot/pool/ipc_handle.hpp>
 #include <depot/pool/allocator_snapshot.hpp>
 #include <depot/pool/memory_stats.hpp>
+#include <depot/pool/oom_handler.hpp>
 #include <depot/pool/trace_event.hpp>
 
 #include <cstddef>
@@ -49,8 +50,8 @@ class caching_allocator {
   }
 
   // A block of at least `bytes` bytes, 512-byte aligned, usable on `stream` in stream order.
-  // bytes == 0 gives nullptr. Throws depot::out_of_memory after waiting for pending frees
-  // and releasing the cache.
+  // bytes == 0 gives nullptr. Throws depot::out_of_memory after waiting for pending frees,
+  // releasing the cache and asking the out-of-memory handler, if one is set.
   [[nodiscard]] void* allocate(std::size_t bytes, stream_ref<D> stream = {})
   {
     return core_.allocate(bytes, stream.native());
@@ -131,6 +132,10 @@ class caching_allocator {
   void reset_memory_stats() { core_.reset_memory_stats(); }
   // Keep the last `events` allocation events (0: stop tracing).
   void set_trace_capacity(std::size_t events) { core_.set_trace_capacity(events); }
+  // Called when a request fails after the allocator's own retries, before out_of_memory is
+  // thrown; returning true tries the request again (depot::oom_handler). An empty handler
+  // removes it. Thread-safe; a call under way keeps the handler it started with.
+  void set_oom_handler(oom_handler handler) { core_.set_oom_handler(std::move(handler)); }
   [[nodiscard]] const allocator_config& config() const noexcept { return core_.config(); }
   // The page expandable segments map (0: large blocks come from ordinary segments, because
   // expandable_segments is off or the upstream cannot map memory into reserved addresses).

@@ -5,10 +5,12 @@
 // The seeds' memory API as free functions over pool<D>(device):
 // depot::memory_allocated<depot::cuda>(), depot::empty_cache<depot::hip>(1), ...
 #include <depot/hal/device.hpp>
+#include <depot/pool/oom_handler.hpp>
 #include <depot/pool/pool.hpp>
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace depot {
 
@@ -71,6 +73,12 @@ template <device D>
 void reset_memory_stats(int device = 0)
 {
   pool<D>(device).reset_memory_stats();
+}
+// The out-of-memory handler of pool<D>(device) (an empty one removes it).
+template <device D>
+void set_oom_handler(oom_handler handler, int device = 0)
+{
+  pool<D>(device).set_oom_handler(std::move(handler));
 }
 
 }  // namespace depot

@@ -48,7 +48,7 @@ struct memory_stats {
   std::int64_t peak_allocated = 0;  // allocated_bytes.all.peak
   std::int64_t peak_cached = 0;     // cached_bytes.all.peak
   std::int64_t num_alloc_retries = 0;  // upstream failures followed by a cache flush + retry
-  std::int64_t num_ooms = 0;           // out_of_memory thrown
+  std::int64_t num_ooms = 0;           // out_of_memory thrown to callers (not those a handler recovered)
   std::int64_t largest_free_block = 0;
   // 1 - largest free block / total free bytes: 0 when the free memory is one piece (or
   // there is none), near 1 when it is scattered in pieces too small for big requests.

@@ -13,7 +13,8 @@ enum class trace_kind : std::uint8_t {
   free = 1,             // a block returned (lifetime_ns set)
   segment_allocate = 2, // memory taken from the upstream
   segment_free = 3,     // memory returned to the upstream
-  out_of_memory = 4,    // an allocation that failed after every retry
+  out_of_memory = 4,    // an allocation that failed after the allocator's retries (an out-of-memory
+                        // handler may then have it tried again: one event per failure)
   segment_map = 5,      // memory mapped in an expandable segment: at its end, or into a hole
   segment_unmap = 6,    // memory unmapped from an expandable segment: its end, or inside (a hole)
 };

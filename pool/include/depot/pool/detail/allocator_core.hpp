@@ -9,6 +9,7 @@
 #include <depot/pool/allocator_snapshot.hpp>
 #include <depot/pool/ipc_handle.hpp>
 #include <depot/pool/memory_stats.hpp>
+#include <depot/pool/oom_handler.hpp>
 #include <depot/pool/trace_event.hpp>
 #include <depot/pool/upstream_resource.hpp>
 
@@ -51,6 +52,7 @@ class allocator_core {
   void reset_peak_stats();
   void reset_memory_stats();
   void set_trace_capacity(std::size_t events);
+  void set_oom_handler(oom_handler handler);
   [[nodiscard]] const allocator_config& config() const noexcept;
   [[nodiscard]] std::size_t expandable_page() const noexcept;
   [[nodiscard]] device_id device() const noexcept;
