@@ -296,9 +296,9 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
 {
   const std::size_t cap = opts.live_cap;
   std::printf("\n%s:%d  random_allocations, seed %u, live bytes capped at %s, %d thread(s)%s, "
-              "%d stream(s) each; us per allocate+free pair (median of %d warm runs, the allocators' runs "
-              "interleaved), ratio = "
-              "allocator / depot\n",
+              "%d stream(s) each (made anew each run); us per allocate+free pair (median of %d warm runs, "
+              "the allocators' runs interleaved; the streams' destruction and the threads' exit after a run "
+              "are timed apart: JSON teardown_us), ratio = allocator / depot\n",
               std::string{D::name}.c_str(), device, opts.seed, std::to_string(cap >> 20).append(" MiB").c_str(),
               opts.threads, opts.alloc_pin ? " (pinned)" : "", opts.alloc_streams, opts.alloc_reps);
   std::printf("  %8s %9s", "N", "max");
@@ -335,12 +335,17 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
         std::printf(" %9.3f", floor_us);
       }
       // One run of allocator a: each thread makes its streams (anew each run, as
-      // short-lived code does), then waits for the others; the clock runs from the start
-      // signal to the last join. Seconds.
+      // short-lived code does), then waits for the others. The run's time is from the start
+      // signal to the last thread's end of its workload and of its streams' work (the new
+      // streams' first operations included); what follows, the streams' destruction (depot
+      // records a fence for each) and the threads' exit and join, is timed apart, the
+      // teardown, so that a row of few pairs does not carry it as per-pair time.
+      // Seconds: {run, teardown}.
       const auto run_once = [&](const allocator_under_test& a) {
         std::vector<std::thread> threads;
         std::atomic<int> ready{0};
         std::atomic<bool> go{false};
+        std::vector<std::chrono::steady_clock::time_point> done(threads_n);
         for (std::size_t t = 0; t < threads_n; ++t) {
           threads.emplace_back([&, t] {
             if (opts.alloc_pin) pin_this_thread(cpu_for_thread(t));
@@ -352,25 +357,34 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
             while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
             a.run(steps[t], handles);
             for (auto& s : own) s.synchronize();
+            done[t] = std::chrono::steady_clock::now();
           });
         }
         while (ready.load() < opts.threads) std::this_thread::yield();
         const auto t0 = std::chrono::steady_clock::now();
         go.store(true, std::memory_order_release);
         for (auto& th : threads) th.join();
-        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const auto joined = std::chrono::steady_clock::now();
+        const auto end = *std::max_element(done.begin(), done.end());
+        return std::pair{std::chrono::duration<double>(end - t0).count(),
+                         std::chrono::duration<double>(joined - end).count()};
       };
       // Every allocator reset and warmed (run 0, untimed), then the timed runs in rounds,
       // each round one run of every allocator in turn: a host whose speed drifts over the
       // seconds of a row (these hosts' do, ±40 % between runs) moves every allocator's
       // runs alike, so the ratios compare the same conditions.
       std::vector<std::vector<double>> all_runs(allocators.size());
+      std::vector<std::vector<double>> all_teardowns(allocators.size());
       for (const auto& a : allocators) {
         a.reset();
         run_once(a);
       }
       for (int rep = 0; rep < opts.alloc_reps; ++rep) {
-        for (std::size_t k = 0; k < allocators.size(); ++k) all_runs[k].push_back(run_once(allocators[k]));
+        for (std::size_t k = 0; k < allocators.size(); ++k) {
+          const auto [run, teardown] = run_once(allocators[k]);
+          all_runs[k].push_back(run);
+          all_teardowns[k].push_back(teardown);
+        }
       }
       for (std::size_t k = 0; k < allocators.size(); ++k) {
         const allocator_under_test& a = allocators[k];
@@ -392,6 +406,8 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
                         {"workload_us_per_pair", floor_us},
                         {"runs", opts.alloc_reps},
                         {"run_us_per_pair", run_us},  // round r of every allocator ran together
+                        // the streams' destruction and the threads' exit after each run (µs)
+                        {"teardown_us", median(all_teardowns[k]) * 1e6},
                         {"interleaved", true},
                         {"pinned", opts.alloc_pin},
                         {"ratio_to_depot", us / depot_us}});
