@@ -2906,12 +2906,6 @@ struct allocator_core::impl {
     return bytes > cfg.steal_threshold || reserved > cfg.steal_threshold - bytes;
   }
 
-  // A request's miss: destroyed streams' whole free segments, then live streams' ones
-  // where steals_first(), then new memory (expandable: pages), then live streams' whole
-  // free segments, then all of that again after waiting for pending frees and releasing
-  // the cache; else out of memory.
-  // Out of line: inlined into allocate(), its growth moved the hit path's code (+8
-  // instructions per allocation when the steal policy came).
   // allocate_miss, and when it throws out_of_memory the handler set (set_oom_handler),
   // with no lock of this allocator held, until it declines: then the exception goes on,
   // counted in num_ooms.
@@ -2941,6 +2935,12 @@ struct allocator_core::impl {
     on_oom.swap(handler);  // (the old one is destroyed after the lock is given back)
   }
 
+  // A request's miss: destroyed streams' whole free segments, then live streams' ones
+  // where steals_first(), then new memory (expandable: pages), then live streams' whole
+  // free segments, then all of that again after waiting for pending frees and releasing
+  // the cache; else out of memory.
+  // Out of line: inlined into allocate(), its growth moved the hit path's code (+8
+  // instructions per allocation when the steal policy came).
   [[gnu::noinline]] block_ref allocate_miss(stream_cache& c, std::size_t size, bool small, std::size_t bytes,
                                             native_stream s)
   {
