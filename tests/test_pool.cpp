@@ -52,8 +52,8 @@
 #include <memory>
 #include <random>
 #include <set>
-#include <string>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
