@@ -510,6 +510,13 @@ TEST_CASE_TEMPLATE("pool: an out-of-memory handler can free memory and have the 
     a.set_trace_capacity(64);
     void* held = a.allocate(60 * MiB);  // 40 MiB more cannot fit beside it
     std::vector<std::pair<std::size_t, unsigned>> calls;  // (requested bytes, attempt)
+    // A handler that records each call and answers retry(attempt).
+    const auto recording = [&calls](auto retry) {
+      return [&calls, retry](const depot::out_of_memory& e, unsigned attempt) {
+        calls.emplace_back(e.requested_bytes(), attempt);
+        return retry(attempt);
+      };
+    };
 
     SUBCASE("it frees a block of this allocator and says retry: the request succeeds") {
       a.set_oom_handler([&](const depot::out_of_memory& e, unsigned attempt) {
@@ -535,19 +542,13 @@ TEST_CASE_TEMPLATE("pool: an out-of-memory handler can free memory and have the 
       a.deallocate(z);
     }
     SUBCASE("it declines: out_of_memory goes to the caller, counted once") {
-      a.set_oom_handler([&](const depot::out_of_memory& e, unsigned attempt) {
-        calls.emplace_back(e.requested_bytes(), attempt);
-        return false;
-      });
+      a.set_oom_handler(recording([](unsigned) { return false; }));
       CHECK_THROWS_AS((void)a.allocate(40 * MiB), depot::out_of_memory);
       CHECK(calls == std::vector<std::pair<std::size_t, unsigned>>{{40 * MiB, 1U}});
       CHECK(a.stats().num_ooms == 1);
     }
     SUBCASE("it says retry without freeing: called with attempts 1, 2, 3 until it declines") {
-      a.set_oom_handler([&](const depot::out_of_memory& e, unsigned attempt) {
-        calls.emplace_back(e.requested_bytes(), attempt);
-        return attempt < 3;
-      });
+      a.set_oom_handler(recording([](unsigned attempt) { return attempt < 3; }));
       try {
         (void)a.allocate(40 * MiB);
         FAIL("40 MiB beside 60 MiB under an 80 MiB upstream succeeded");
@@ -564,20 +565,14 @@ TEST_CASE_TEMPLATE("pool: an out-of-memory handler can free memory and have the 
       CHECK(a.stats().num_ooms == 0);
     }
     SUBCASE("an empty handler removes it") {
-      a.set_oom_handler([&](const depot::out_of_memory& e, unsigned attempt) {
-        calls.emplace_back(e.requested_bytes(), attempt);
-        return false;
-      });
+      a.set_oom_handler(recording([](unsigned) { return false; }));
       a.set_oom_handler({});
       CHECK_THROWS_AS((void)a.allocate(40 * MiB), depot::out_of_memory);
       CHECK(calls.empty());
       CHECK(a.stats().num_ooms == 1);
     }
     SUBCASE("a request above the largest accepted size never reaches it (no retry could help)") {
-      a.set_oom_handler([&](const depot::out_of_memory& e, unsigned attempt) {
-        calls.emplace_back(e.requested_bytes(), attempt);
-        return true;
-      });
+      a.set_oom_handler(recording([](unsigned) { return true; }));
       CHECK_THROWS_AS((void)a.allocate((std::size_t{1} << 56) + 1), depot::out_of_memory);
       CHECK(calls.empty());
       CHECK(a.stats().num_ooms == 1);
