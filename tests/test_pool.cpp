@@ -5355,6 +5355,96 @@ TEST_CASE_TEMPLATE("pool: fixed_pool serves equal blocks and reports its use", D
   CHECK_THROWS_AS((depot::fixed_pool<D>{4096, 4096, -1}), depot::invalid_argument);
 }
 
+// fixed_pool's out-of-memory handler: called with no lock held when every block is in use;
+// true tries again, false or none throws (one miss), its own exception reaches the caller.
+TEST_CASE_TEMPLATE("pool: fixed_pool asks its out-of-memory handler when every block is in use", D,
+                   DEPOT_TEST_DEVICES)
+{
+  depot::fixed_pool<D> fp{4 * 1024, 1024};
+  std::vector<void*> held;
+  for (int i = 0; i < 4; ++i) held.push_back(fp.allocate());
+  std::vector<unsigned> attempts;
+  std::string seen;
+  // Frees one held block (inside the handler: no lock of the pool is held) and retries.
+  fp.set_oom_handler([&](const depot::out_of_memory& e, unsigned attempt) {
+    attempts.push_back(attempt);
+    seen = e.what();
+    CHECK(fp.get_stats().used_blocks == 4);
+    fp.deallocate(held.back());
+    held.pop_back();
+    return true;
+  });
+  void* p = fp.allocate();
+  CHECK(p != nullptr);
+  CHECK(attempts == std::vector<unsigned>{1});
+  CHECK(contains(seen, "all 4 blocks"));
+  auto st = fp.get_stats();
+  CHECK(st.misses == 0);
+  CHECK(st.hits == 5);
+  CHECK(st.used_blocks == 4);
+  held.push_back(p);
+  // Retrying without freeing: attempts 1, 2, 3, then it declines: thrown once, one miss.
+  attempts.clear();
+  fp.set_oom_handler([&](const depot::out_of_memory&, unsigned attempt) {
+    attempts.push_back(attempt);
+    return attempt < 3;
+  });
+  CHECK_THROWS_AS((void)fp.allocate(), depot::out_of_memory);
+  CHECK(attempts == std::vector<unsigned>{1, 2, 3});
+  st = fp.get_stats();
+  CHECK(st.misses == 1);
+  CHECK(st.hits == 5);
+  CHECK(st.used_blocks == 4);
+  // A handler that throws: its exception reaches the caller; the pool is unchanged.
+  fp.set_oom_handler([](const depot::out_of_memory&, unsigned) -> bool { throw std::runtime_error("handler"); });
+  CHECK_THROWS_WITH_AS((void)fp.allocate(), "handler", std::runtime_error);
+  CHECK(fp.get_stats().used_blocks == 4);
+  // An empty handler removes it: thrown at once.
+  attempts.clear();
+  fp.set_oom_handler({});
+  CHECK_THROWS_AS((void)fp.allocate(), depot::out_of_memory);
+  CHECK(attempts.empty());
+  CHECK(fp.get_stats().misses == 2);
+  for (void* b : held) fp.deallocate(b);
+  CHECK(fp.get_stats().used_blocks == 0);
+}
+
+// Threads that find every block in use at once wait in the handler for a block another
+// thread gives back; each request is served, none thrown.
+TEST_CASE("pool: fixed_pool's out-of-memory handler on many threads at once")
+{
+  constexpr int k_threads = 4;
+  constexpr int k_rounds = 200;
+  depot::fixed_pool<depot::host> fp{2 * 512, 512};
+  std::atomic<int> calls{0};
+  fp.set_oom_handler([&](const depot::out_of_memory&, unsigned) {
+    calls.fetch_add(1);
+    std::this_thread::yield();
+    return true;
+  });
+  std::vector<std::thread> threads;
+  std::atomic<int> served{0};
+  for (int t = 0; t < k_threads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < k_rounds; ++r) {
+        auto* b = static_cast<int*>(fp.allocate());
+        *b = t;
+        std::this_thread::yield();
+        if (*b == t) served.fetch_add(1);  // no other thread was handed the block meanwhile
+        fp.deallocate(b);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(served.load() == k_threads * k_rounds);
+  const auto st = fp.get_stats();
+  CHECK(st.hits == k_threads * k_rounds);
+  CHECK(st.misses == 0);
+  CHECK(st.used_blocks == 0);
+  CHECK(st.peak_used_blocks == 2);
+  MESSAGE("handler calls: ", calls.load());
+}
+
 TEST_CASE_TEMPLATE("pool: frees from another stream or another thread find their block", D,
                    DEPOT_TEST_DEVICES)
 {

@@ -9,11 +9,13 @@
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/hal/runtime.hpp>
 #include <depot/pool/detail/fork_leaf_mutex.hpp>
+#include <depot/pool/oom_handler.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -21,8 +23,9 @@
 namespace depot {
 
 // What a fixed_pool reports. hit_rate = hits / (hits + misses), where a miss is a request
-// the pool could not serve (all blocks in use). largest_free_run is the longest run of
-// adjacent free blocks, in blocks; fragmentation = 1 - largest_free_run / free_blocks.
+// that failed with depot::out_of_memory (every block in use, and the out-of-memory handler,
+// if one is set, declined). largest_free_run is the longest run of adjacent free blocks, in
+// blocks; fragmentation = 1 - largest_free_run / free_blocks.
 struct fixed_pool_stats {
   std::size_t pool_size = 0;
   std::size_t block_size = 0;
@@ -41,7 +44,8 @@ struct fixed_pool_stats {
 // MemoryPool): one upstream allocation made up front, cut into pool_size / block_size
 // blocks of block_size bytes (rounded up to 256, the alignment of every block). allocate()
 // and deallocate() are O(1) and never touch the backend; when every block is in use,
-// allocate() throws depot::out_of_memory. Thread-safe (one mutex, held across a fork() so
+// allocate() asks the out-of-memory handler, if one is set, then throws
+// depot::out_of_memory. Thread-safe (one mutex, held across a fork() so
 // that the child finds the pool whole). Owns its memory.
 template <device D>
 class fixed_pool {
@@ -70,22 +74,46 @@ class fixed_pool {
   // Returns the whole allocation; blocks still in use become invalid.
   ~fixed_pool() { runtime<D>::deallocate(base_, device_); }
 
+  // A free block. When every block is in use: the out-of-memory handler, if one is set, is
+  // called with the exception and the attempt (1, 2, ...) with no lock held (it may free
+  // blocks of this pool), and true tries again; otherwise, or on false, throws
+  // depot::out_of_memory (counted as a miss).
   [[nodiscard]] void* allocate()
   {
-    std::lock_guard g{mu_};
-    if (free_.empty()) {
-      ++misses_;
-      throw out_of_memory("depot::fixed_pool " + device_id::of<D>(device_).to_string() +
-                              ": all " + std::to_string(blocks_) + " blocks of " +
-                              format_bytes(block_size_) + " are in use",
-                          block_size_, device_id::of<D>(device_));
+    for (unsigned attempt = 1;; ++attempt) {
+      std::shared_ptr<const oom_handler> handler;
+      {
+        std::lock_guard g{mu_};
+        if (!free_.empty()) [[likely]] {
+          const std::size_t i = free_.back();
+          free_.pop_back();
+          used_[i] = true;
+          ++hits_;
+          peak_used_ = std::max(peak_used_, blocks_ - free_.size());
+          return base_ + i * block_size_;
+        }
+        handler = on_oom_;
+        if (handler == nullptr) {
+          ++misses_;
+          throw exhausted();
+        }
+      }
+      const out_of_memory error = exhausted();
+      if (!(*handler)(error, attempt)) {
+        std::lock_guard g{mu_};
+        ++misses_;
+        throw error;
+      }
     }
-    const std::size_t i = free_.back();
-    free_.pop_back();
-    used_[i] = true;
-    ++hits_;
-    peak_used_ = std::max(peak_used_, blocks_ - free_.size());
-    return base_ + i * block_size_;
+  }
+
+  // Sets what allocate() calls when every block is in use (see oom_handler); an empty
+  // function removes it. Thread-safe; a call under way keeps the handler it started with.
+  void set_oom_handler(oom_handler handler)
+  {
+    auto h = handler ? std::make_shared<const oom_handler>(std::move(handler)) : nullptr;
+    std::lock_guard g{mu_};
+    on_oom_.swap(h);
   }
 
   // A pointer that is not a block of this pool, or a block that is not in use, throws
@@ -142,6 +170,12 @@ class fixed_pool {
   [[nodiscard]] void* data() const noexcept { return base_; }
 
  private:
+  out_of_memory exhausted() const
+  {
+    return out_of_memory("depot::fixed_pool " + device_id::of<D>(device_).to_string() + ": all " +
+                             std::to_string(blocks_) + " blocks of " + format_bytes(block_size_) + " are in use",
+                         block_size_, device_id::of<D>(device_));
+  }
   static std::string pointer_text(std::uintptr_t p)
   {
     char buf[24];
@@ -160,6 +194,7 @@ class fixed_pool {
   std::size_t peak_used_ = 0;
   std::int64_t hits_ = 0;
   std::int64_t misses_ = 0;
+  std::shared_ptr<const oom_handler> on_oom_;  // under mu_; copied out before a call
 };
 
 }  // namespace depot
