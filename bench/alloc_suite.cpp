@@ -7,8 +7,10 @@
 // were made and the live bytes stay under the cap, otherwise free a random live block;
 // sizes uniform in [1, max]; seeded std::default_random_engine, drawn into a sequence of
 // steps before the clock starts. Wall time of the whole sequence over N = time per
-// allocate+free pair: one warm-up run, then the median of --alloc-reps timed runs (each
-// run creates its streams anew, as short-lived code does, before its clock starts). Thread t
+// allocate+free pair: one warm-up run, then the median of --alloc-reps timed runs, each right
+// after an untimed run of the same allocator (--alloc-cold: right after the previous
+// allocator's), in rounds that interleave the allocators (each run creates its streams
+// anew, as short-lived code does, before its clock starts). Thread t
 // of every run and allocator is pinned to one CPU (the t-th from the end of the process's
 // allowed set; --alloc-no-pin: not): on the GPU hosts' virtual machines a run's speed
 // depended on the CPU its new thread landed on (two modes ~40 % apart across runs), which
@@ -114,6 +116,17 @@ std::vector<workload_step> make_workload(std::size_t n, std::size_t max_size, st
     }
   }
   return steps;
+}
+
+// What comes right before each timed run (alloc, live): an untimed run of the same
+// allocator (its steady state: caches, TLB and branch history its own, as in RMM's
+// benchmark loop), or with --alloc-cold the previous allocator's run. Interleaved with
+// torch and cudaMallocAsync, depot's 10 000-pair rows on CUDA took up to 2x what depot
+// alone took on the same host (see BENCHMARKS.md).
+const char* run_order(const options& opts)
+{
+  return opts.alloc_cold ? "right after the previous allocator's run (--alloc-cold)"
+                         : "right after an untimed run of the same allocator";
 }
 
 // The CPU for benchmark thread t (its pinning), or -1 where there is none.
@@ -296,11 +309,11 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
 {
   const std::size_t cap = opts.live_cap;
   std::printf("\n%s:%d  random_allocations, seed %u, live bytes capped at %s, %d thread(s)%s, "
-              "%d stream(s) each (made anew each run); us per allocate+free pair (median of %d warm runs, "
-              "the allocators' runs interleaved; the streams' destruction and the threads' exit after a run "
-              "are timed apart: JSON teardown_us), ratio = allocator / depot\n",
+              "%d stream(s) each (made anew each run); us per allocate+free pair (median of %d timed runs, "
+              "in rounds of every allocator, each run %s; the streams' destruction and the threads' exit "
+              "after a run are timed apart: JSON teardown_us), ratio = allocator / depot\n",
               std::string{D::name}.c_str(), device, opts.seed, std::to_string(cap >> 20).append(" MiB").c_str(),
-              opts.threads, opts.alloc_pin ? " (pinned)" : "", opts.alloc_streams, opts.alloc_reps);
+              opts.threads, opts.alloc_pin ? " (pinned)" : "", opts.alloc_streams, opts.alloc_reps, run_order(opts));
   std::printf("  %8s %9s", "N", "max");
   std::unique_ptr<caching_allocator<D>> depot_pool;
   auto allocators = allocators_for<D>(device, cap, depot_pool, opts.trace_out.empty() ? 0 : std::size_t{1} << 20);
@@ -370,9 +383,10 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
                          std::chrono::duration<double>(joined - end).count()};
       };
       // Every allocator reset and warmed (run 0, untimed), then the timed runs in rounds,
-      // each round one run of every allocator in turn: a host whose speed drifts over the
-      // seconds of a row (these hosts' do, ±40 % between runs) moves every allocator's
-      // runs alike, so the ratios compare the same conditions.
+      // each round one run of every allocator in turn (each right after an untimed run of
+      // its own, unless --alloc-cold): a host whose speed drifts over the seconds of a row
+      // (these hosts' do, ±40 % between runs) moves every allocator's runs alike, so the
+      // ratios compare the same conditions.
       std::vector<std::vector<double>> all_runs(allocators.size());
       std::vector<std::vector<double>> all_teardowns(allocators.size());
       for (const auto& a : allocators) {
@@ -381,6 +395,7 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
       }
       for (int rep = 0; rep < opts.alloc_reps; ++rep) {
         for (std::size_t k = 0; k < allocators.size(); ++k) {
+          if (!opts.alloc_cold) run_once(allocators[k]);  // its own steady state (untimed)
           const auto [run, teardown] = run_once(allocators[k]);
           all_runs[k].push_back(run);
           all_teardowns[k].push_back(teardown);
@@ -409,6 +424,7 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
                         // the streams' destruction and the threads' exit after each run (µs)
                         {"teardown_us", median(all_teardowns[k]) * 1e6},
                         {"interleaved", true},
+                        {"cold", opts.alloc_cold},  // false: each timed run right after an untimed one of its own
                         {"pinned", opts.alloc_pin},
                         {"ratio_to_depot", us / depot_us}});
         if (a.name == "depot" && depot_pool) {
@@ -595,8 +611,9 @@ void alloc_all(const options& opts, int device, nlohmann::json& rows, nlohmann::
 // they grow). Per (L, max): L blocks of sizes uniform in [1, max] are made first (untimed),
 // then M pairs are timed, each freeing a random live block and allocating a new random size
 // in its place, on one stream of one pinned thread: one warm-up run, then the median of
-// --alloc-reps runs, the allocators' runs interleaved (each keeps its L blocks live all the
-// while). A row whose live bytes (L x max / 2 expected) would pass --live-cap is skipped.
+// --alloc-reps runs, each right after an untimed run of the same allocator (--alloc-cold:
+// right after the previous allocator's), in rounds that interleave the allocators (each
+// keeps its L blocks live all the while). A row whose live bytes (L x max / 2 expected) would pass --live-cap is skipped.
 // Per max, a last line gives each allocator's time at the largest L run over its time at
 // the smallest. The raw cudaMalloc / hipMalloc is left out (tens of µs a call: 10^6 blocks
 // would take minutes), and depot-expandable (its hits are depot's).
@@ -607,9 +624,10 @@ void live_device(const options& opts, int device, nlohmann::json& rows, nlohmann
   const std::size_t m = opts.live_pairs;
   std::printf("\n%s:%d  live blocks: L blocks of sizes uniform in [1, max] made first (untimed), then %zu pairs "
               "timed, each freeing a random live block and allocating a new size in its place; seed %u, one "
-              "thread%s on one stream; us per free+allocate pair (median of %d warm runs, the allocators' runs "
-              "interleaved), ratio = allocator / depot\n",
-              std::string{D::name}.c_str(), device, m, opts.seed, opts.alloc_pin ? " (pinned)" : "", opts.alloc_reps);
+              "thread%s on one stream; us per free+allocate pair (median of %d timed runs, in rounds of every "
+              "allocator, each run %s), ratio = allocator / depot\n",
+              std::string{D::name}.c_str(), device, m, opts.seed, opts.alloc_pin ? " (pinned)" : "", opts.alloc_reps,
+              run_order(opts));
   std::unique_ptr<caching_allocator<D>> depot_pool;
   auto allocators = allocators_for<D>(device, cap, depot_pool);
   std::erase_if(allocators, [&](const allocator_under_test& x) {
@@ -679,7 +697,10 @@ void live_device(const options& opts, int device, nlohmann::json& rows, nlohmann
         (void)timed(allocators[k], tables[k]);  // warm-up
       }
       for (int rep = 0; rep < opts.alloc_reps; ++rep) {
-        for (std::size_t k = 0; k < allocators.size(); ++k) runs[k].push_back(timed(allocators[k], tables[k]));
+        for (std::size_t k = 0; k < allocators.size(); ++k) {
+          if (!opts.alloc_cold) (void)timed(allocators[k], tables[k]);  // its own steady state (untimed)
+          runs[k].push_back(timed(allocators[k], tables[k]));
+        }
       }
       double depot_us = 0;
       for (std::size_t k = 0; k < allocators.size(); ++k) {
@@ -694,6 +715,7 @@ void live_device(const options& opts, int device, nlohmann::json& rows, nlohmann
                            {"us_per_pair", us},
                            {"workload_us_per_pair", floor_us},
                            {"run_us_per_pair", runs[k]},
+                           {"cold", opts.alloc_cold},
                            {"ratio_to_depot", us / depot_us}};
         if (allocators[k].name == "depot" && depot_pool) {
           const memory_stats ms = depot_pool->stats();

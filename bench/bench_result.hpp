@@ -25,6 +25,10 @@ struct options {
   int threads = 1;
   int alloc_streams = 1;  // alloc: streams each thread alternates between (round robin)
   int alloc_reps = 3;  // timed runs after one warm-up; the median is reported
+  // alloc, live: time each run right after the previous allocator's run (caches left cold by
+  // it), not right after an untimed run of its own (the default: each allocator's steady
+  // state, as RMM's benchmark loop runs one allocator back to back)
+  bool alloc_cold = false;
   bool alloc_pin = true;  // alloc: pin benchmark thread t to a fixed CPU (the same for every allocator)
   unsigned seed = 1;
   std::vector<std::string> alloc_only;  // allocator names to run (empty: all)

@@ -106,6 +106,10 @@ int main(int argc, char** argv)
   app.add_option("--alloc-reps", opts.alloc_reps, "alloc, live: timed runs after a warm-up (median reported)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  app.add_flag("--alloc-cold", opts.alloc_cold,
+               "alloc, live: time each run right after another allocator's run, not after an untimed run "
+               "of the same allocator (the default: each allocator's steady state; the rounds interleave "
+               "the allocators either way)");
   app.add_flag("!--alloc-no-pin", opts.alloc_pin,
                "alloc: leave the benchmark threads unpinned (by default thread t runs on one fixed CPU, "
                "the same for every allocator and run)");
@@ -188,6 +192,9 @@ int main(int argc, char** argv)
                           {"warmup", opts.warmup},
                           {"threads", opts.threads},
                           {"alloc_streams", opts.alloc_streams},
+                          {"alloc_reps", opts.alloc_reps},
+                          {"alloc_cold", opts.alloc_cold},
+                          {"alloc_pin", opts.alloc_pin},
                           {"seed", opts.seed}}},
                         {"suites", nlohmann::json::array()}};
   try {

@@ -20,7 +20,7 @@ assert s['suite']=='info'; d=s['devices'][0]; assert d['id']=='host:0'; \
 assert all(x['gbps']>0 for x in d['results']), d; a=r['suites'][1]; assert a['suite']=='alloc'; \
 rows=a['rows']; h=[x for x in rows if x['device']=='host:0']; assert len(h)==6, rows; \
 assert {x['allocator'] for x in h}=={'depot','depot-expandable','malloc'}; assert all(x['us_per_pair']>0 for x in rows), rows; \
-assert all(x['teardown_us']>0 for x in rows), rows; \
+assert all(x['teardown_us']>0 and x['cold'] is False for x in rows), rows; \
 g=[x for x in rows if x['device']!='host:0']; assert not g or {'depot'} <= {x['allocator'] for x in g}, g; \
 gr={x['allocator']: x for x in a['growing'] if x['device']=='host:0'}; assert set(gr)=={'depot','depot-expandable'}, gr; \
 o, e = gr['depot'], gr['depot-expandable']; assert o['peak_allocated'] > 0 and e['peak_allocated'] > 0, gr; \
@@ -32,7 +32,7 @@ assert m[0]['page_bytes']==2 << 20 and m[0]['per_page_ms'] > 0 and m[0]['one_cal
 v=r['suites'][2]; assert v['suite']=='live' and v['pairs']==20000, v; \
 h=[x for x in v['rows'] if x['device']=='host:0']; assert len(h)==4, h; \
 assert {x['allocator'] for x in h}=={'depot','malloc'} and {x['live_blocks'] for x in h}=={1000, 10000}, h; \
-assert all(x['us_per_pair']>0 and x['max_size']==4096 and len(x['run_us_per_pair'])==3 for x in h), h; \
+assert all(x['us_per_pair']>0 and x['max_size']==4096 and len(x['run_us_per_pair'])==3 and not x['cold'] for x in h), h; \
 d=[x for x in h if x['allocator']=='depot' and x['live_blocks']==10000][0]; \
 assert d['allocated_bytes'] > 10000 * 512 and d['reserved_bytes'] >= d['allocated_bytes'], d; \
 gw=[x for x in v['growth'] if x['device']=='host:0']; assert len(gw)==2 and all(x['from_blocks']==1000 and \
@@ -43,13 +43,14 @@ check grep -q "3000000     4 KiB   skipped: ~5.72 GiB live, above --live-cap 1.0
 "$bench" info --device host --size 1MiB --repetitions 2 > "$tmp/out" 2>&1
 check test $? -eq 0
 
-"$bench" alloc --device host --alloc-n 2000 --alloc-max 64KiB --alloc-streams 3 --alloc-reps 1 \
+"$bench" alloc --device host --alloc-n 2000 --alloc-max 64KiB --alloc-streams 3 --alloc-reps 1 --alloc-cold \
   --json "$tmp/a.json" > "$tmp/out" 2>&1
 check test $? -eq 0
 check grep -q "3 stream(s) each" "$tmp/out"
+check grep -q "each run right after the previous allocator's run (--alloc-cold)" "$tmp/out"
 check python3 -c "import json; r=json.load(open('$tmp/a.json')); rows=r['suites'][0]['rows']; \
-assert rows and all(x['streams']==3 and x['us_per_pair']>0 for x in rows), rows; \
-assert r['options']['alloc_streams']==3"
+assert rows and all(x['streams']==3 and x['us_per_pair']>0 and x['cold'] for x in rows), rows; \
+assert r['options']['alloc_streams']==3 and r['options']['alloc_cold'] is True"
 
 "$bench" staging --device host --staging-sizes 64KiB --staging-sizes 1MiB --staging-steps 4 \
   --staging-reps 1 --repetitions 2 --json "$tmp/s.json" > "$tmp/out" 2>&1
