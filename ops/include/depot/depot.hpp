@@ -26,6 +26,7 @@
 // pool/
 #include <depot/pool/allocator_config.hpp>
 #include <depot/pool/allocator_snapshot.hpp>
+#include <depot/pool/c_api.h>
 #include <depot/pool/caching_allocator.hpp>
 #include <depot/pool/captured_graph.hpp>
 #include <depot/pool/device_upstream.hpp>

@@ -1,0 +1,214 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+// The C interface (c_api.h): each call picks the backend, calls the C++ allocator and turns
+// an exception into a status code and the thread's last-error message.
+#include <depot/config.hpp>
+#include <depot/hal/device.hpp>
+#include <depot/hal/error.hpp>
+#include <depot/hal/invalid_argument.hpp>
+#include <depot/hal/out_of_memory.hpp>
+#include <depot/hal/runtime.hpp>
+#include <depot/hal/stream_ref.hpp>
+#include <depot/pool/c_api.h>
+#include <depot/pool/caching_allocator.hpp>
+#include <depot/pool/memory_stats.hpp>
+#include <depot/pool/pool.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace {
+
+thread_local std::string last_error;
+
+depot_status fail(depot_status s, std::string message) noexcept
+{
+  try {
+    last_error = std::move(message);
+  } catch (...) {  // no room for the message: the status still says what happened
+  }
+  return s;
+}
+
+depot_status not_built(const char* backend, const char* option) noexcept
+{
+  return fail(DEPOT_ERROR_NOT_SUPPORTED, std::string{"depot: this build of depot has no "} + backend +
+                                             " backend (configure it with -Dgpu=" + option + ")");
+}
+
+// Runs f(D{}) for the backend `kind` names, turning what it throws into a status.
+template <class F>
+depot_status with_backend(depot_device_kind kind, F&& f) noexcept
+{
+  try {
+    switch (kind) {
+      case DEPOT_DEVICE_HOST: f(depot::host{}); return DEPOT_SUCCESS;
+      case DEPOT_DEVICE_CUDA:
+#if DEPOT_HAS_CUDA
+        f(depot::cuda{});
+        return DEPOT_SUCCESS;
+#else
+        return not_built("CUDA", "cuda");
+#endif
+      case DEPOT_DEVICE_HIP:
+#if DEPOT_HAS_HIP
+        f(depot::hip{});
+        return DEPOT_SUCCESS;
+#else
+        return not_built("HIP", "hip");
+#endif
+    }
+    return fail(DEPOT_ERROR_INVALID_ARGUMENT,
+                "depot: device kind " + std::to_string(static_cast<int>(kind)) +
+                    " is not one of DEPOT_DEVICE_HOST (0), DEPOT_DEVICE_CUDA (1), DEPOT_DEVICE_HIP (2)");
+  } catch (const depot::out_of_memory& e) {
+    return fail(DEPOT_ERROR_OUT_OF_MEMORY, e.what());
+  } catch (const std::bad_alloc& e) {
+    return fail(DEPOT_ERROR_OUT_OF_MEMORY, std::string{"depot: host memory exhausted ("} + e.what() + ")");
+  } catch (const std::invalid_argument& e) {  // depot::invalid_argument among them
+    return fail(DEPOT_ERROR_INVALID_ARGUMENT, e.what());
+  } catch (const depot::error& e) {
+    return fail(e.code_name() == "not_supported" ? DEPOT_ERROR_NOT_SUPPORTED : DEPOT_ERROR_BACKEND, e.what());
+  } catch (const std::exception& e) {
+    return fail(DEPOT_ERROR_INTERNAL, e.what());
+  } catch (...) {
+    return fail(DEPOT_ERROR_INTERNAL, "depot: an unknown exception");
+  }
+}
+
+template <class D>
+depot::stream_ref<D> ref(void* stream) noexcept
+{
+  return depot::stream_ref<D>{static_cast<depot::native_stream>(stream)};
+}
+
+// The figures of depot_memory_stats, each beside depot::memory_stats's.
+struct array_field {
+  depot_stat_array depot_memory_stats::*c;
+  depot::stat_array depot::memory_stats::*cpp;
+};
+constexpr array_field k_arrays[] = {
+    {&depot_memory_stats::allocated_bytes, &depot::memory_stats::allocated_bytes},
+    {&depot_memory_stats::requested_bytes, &depot::memory_stats::requested_bytes},
+    {&depot_memory_stats::reserved_bytes, &depot::memory_stats::reserved_bytes},
+    {&depot_memory_stats::cached_bytes, &depot::memory_stats::cached_bytes},
+    {&depot_memory_stats::active_bytes, &depot::memory_stats::active_bytes},
+    {&depot_memory_stats::inactive_split_bytes, &depot::memory_stats::inactive_split_bytes},
+    {&depot_memory_stats::num_allocations, &depot::memory_stats::num_allocations},
+    {&depot_memory_stats::num_segments, &depot::memory_stats::num_segments}};
+
+depot_stat to_c(const depot::stat& s) noexcept { return depot_stat{s.current, s.peak, s.allocated, s.freed}; }
+
+depot_memory_stats to_c(const depot::memory_stats& s) noexcept
+{
+  depot_memory_stats out{};
+  for (const auto& f : k_arrays) {
+    const depot::stat_array& from = s.*f.cpp;
+    out.*f.c = depot_stat_array{to_c(from.all), to_c(from.small), to_c(from.large)};
+  }
+  out.num_cache_hits = s.num_cache_hits;
+  out.num_cache_misses = s.num_cache_misses;
+  out.cache_hit_rate = s.cache_hit_rate;
+  out.peak_allocated = s.peak_allocated;
+  out.peak_cached = s.peak_cached;
+  out.num_alloc_retries = s.num_alloc_retries;
+  out.num_ooms = s.num_ooms;
+  out.largest_free_block = s.largest_free_block;
+  out.fragmentation = s.fragmentation;
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+depot_status depot_device_count(depot_device_kind kind, int* count)
+{
+  if (count == nullptr) return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_device_count: count is NULL");
+  *count = 0;
+  return with_backend(kind, [&]<class D>(D) { *count = depot::device_count<D>(); });
+}
+
+depot_status depot_allocate(depot_device_kind kind, int device, size_t bytes, void* stream, void** ptr)
+{
+  if (ptr == nullptr) return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_allocate: ptr is NULL");
+  *ptr = nullptr;
+  return with_backend(kind, [&]<class D>(D) { *ptr = depot::pool<D>(device).allocate(bytes, ref<D>(stream)); });
+}
+
+depot_status depot_deallocate(depot_device_kind kind, int device, void* ptr)
+{
+  return with_backend(kind, [&]<class D>(D) { depot::pool<D>(device).deallocate(ptr); });
+}
+
+depot_status depot_deallocate_on(depot_device_kind kind, int device, void* ptr, void* stream)
+{
+  return with_backend(kind, [&]<class D>(D) { depot::pool<D>(device).deallocate(ptr, ref<D>(stream)); });
+}
+
+depot_status depot_record_stream(depot_device_kind kind, int device, void* ptr, void* stream)
+{
+  return with_backend(kind, [&]<class D>(D) { depot::pool<D>(device).record_stream(ptr, ref<D>(stream)); });
+}
+
+depot_status depot_empty_cache(depot_device_kind kind, int device)
+{
+  return with_backend(kind, [&]<class D>(D) { depot::pool<D>(device).empty_cache(); });
+}
+
+depot_status depot_reset_peak_stats(depot_device_kind kind, int device)
+{
+  return with_backend(kind, [&]<class D>(D) { depot::pool<D>(device).reset_peak_stats(); });
+}
+
+depot_status depot_reset_memory_stats(depot_device_kind kind, int device)
+{
+  return with_backend(kind, [&]<class D>(D) { depot::pool<D>(device).reset_memory_stats(); });
+}
+
+depot_status depot_get_memory_stats(depot_device_kind kind, int device, depot_memory_stats* stats)
+{
+  if (stats == nullptr) return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_get_memory_stats: stats is NULL");
+  return with_backend(kind, [&]<class D>(D) {
+    *stats = to_c(depot::pool<D>(device).stats());  // (written once every figure is read)
+  });
+}
+
+depot_status depot_memory_summary(depot_device_kind kind, int device, char* buffer, size_t size, size_t* length)
+{
+  if (buffer == nullptr && size != 0) {
+    return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_memory_summary: buffer is NULL but size is " +
+                                                  std::to_string(size) + " (NULL is allowed with size 0 only)");
+  }
+  return with_backend(kind, [&]<class D>(D) {
+    const std::string text = depot::pool<D>(device).summary();
+    if (size > 0) {
+      const std::size_t n = std::min(text.size(), size - 1);
+      std::memcpy(buffer, text.data(), n);
+      buffer[n] = '\0';
+    }
+    if (length != nullptr) *length = text.size();
+  });
+}
+
+const char* depot_last_error(void) { return last_error.c_str(); }
+
+const char* depot_status_name(depot_status status)
+{
+  switch (status) {
+    case DEPOT_SUCCESS: return "DEPOT_SUCCESS";
+    case DEPOT_ERROR_INVALID_ARGUMENT: return "DEPOT_ERROR_INVALID_ARGUMENT";
+    case DEPOT_ERROR_OUT_OF_MEMORY: return "DEPOT_ERROR_OUT_OF_MEMORY";
+    case DEPOT_ERROR_NOT_SUPPORTED: return "DEPOT_ERROR_NOT_SUPPORTED";
+    case DEPOT_ERROR_BACKEND: return "DEPOT_ERROR_BACKEND";
+    case DEPOT_ERROR_INTERNAL: return "DEPOT_ERROR_INTERNAL";
+  }
+  return "unknown depot_status";
+}
+
+}  // extern "C"

@@ -1,0 +1,115 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Part of depot: the memory layer for host, CUDA and HIP tensor data. */
+/* The C interface to the process-wide caching allocators (depot::pool<D>(device)), for C
+ * codes and, through ISO_C_BINDING interfaces, Fortran ones. Valid C99 and C++.
+ *
+ * Every call is thread-safe, as the allocators are. A call returns DEPOT_SUCCESS or an
+ * error code and never lets a C++ exception out; on an error it changes nothing and keeps
+ * a message naming what was wrong (and the valid range) for the calling thread, read with
+ * depot_last_error(). Streams are the backend's native handles as void* (cudaStream_t,
+ * hipStream_t; NULL is the backend's default stream; on the host backend, a depot host
+ * stream's handle or NULL). Memory from depot_allocate belongs to the caller until
+ * depot_deallocate; the allocators and their caches belong to the library. */
+#ifndef DEPOT_POOL_C_API_H
+#define DEPOT_POOL_C_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A backend. One that this build lacks gives DEPOT_ERROR_NOT_SUPPORTED. */
+typedef enum depot_device_kind {
+  DEPOT_DEVICE_HOST = 0,
+  DEPOT_DEVICE_CUDA = 1,
+  DEPOT_DEVICE_HIP = 2
+} depot_device_kind;
+
+typedef enum depot_status {
+  DEPOT_SUCCESS = 0,
+  DEPOT_ERROR_INVALID_ARGUMENT = 1, /* a bad argument: kind, device, pointer, size, buffer */
+  DEPOT_ERROR_OUT_OF_MEMORY = 2,    /* after the allocator's retries and its handler */
+  DEPOT_ERROR_NOT_SUPPORTED = 3,    /* this build lacks the backend, or the backend the call */
+  DEPOT_ERROR_BACKEND = 4,          /* the backend's runtime failed (its error in the message) */
+  DEPOT_ERROR_INTERNAL = 5          /* anything else (the message says what) */
+} depot_status;
+
+/* One figure: now, highest since the last peak reset, running totals added and removed. */
+typedef struct depot_stat {
+  int64_t current;
+  int64_t peak;
+  int64_t allocated;
+  int64_t freed;
+} depot_stat;
+
+/* A figure for all blocks, the small pool (requests <= 1 MiB) and the large pool. */
+typedef struct depot_stat_array {
+  depot_stat all;
+  depot_stat small;
+  depot_stat large;
+} depot_stat_array;
+
+/* depot::memory_stats, field for field (see memory_stats.hpp for the definitions). */
+typedef struct depot_memory_stats {
+  depot_stat_array allocated_bytes;
+  depot_stat_array requested_bytes;
+  depot_stat_array reserved_bytes;
+  depot_stat_array cached_bytes;
+  depot_stat_array active_bytes;
+  depot_stat_array inactive_split_bytes;
+  depot_stat_array num_allocations;
+  depot_stat_array num_segments;
+  int64_t num_cache_hits;
+  int64_t num_cache_misses;
+  double cache_hit_rate;
+  int64_t peak_allocated;
+  int64_t peak_cached;
+  int64_t num_alloc_retries;
+  int64_t num_ooms;
+  int64_t largest_free_block;
+  double fragmentation;
+} depot_memory_stats;
+
+/* Devices of backend `kind` (0 where it has none; DEPOT_ERROR_NOT_SUPPORTED, with *count
+ * 0, where this build lacks it). */
+depot_status depot_device_count(depot_device_kind kind, int* count);
+
+/* *ptr = a block of at least `bytes` bytes, 512-byte aligned, usable on `stream` in stream
+ * order; bytes == 0 gives NULL. On an error *ptr is NULL. */
+depot_status depot_allocate(depot_device_kind kind, int device, size_t bytes, void* stream, void** ptr);
+/* Frees `ptr` on the stream it was allocated on. NULL is a no-op; a pointer that is not a
+ * live block of this allocator (a double free, a foreign pointer) is
+ * DEPOT_ERROR_INVALID_ARGUMENT and changes nothing. */
+depot_status depot_deallocate(depot_device_kind kind, int device, void* ptr);
+/* Frees `ptr` in the order of `stream` (when that is not the allocation's stream, as if
+ * depot_record_stream had been called with it). */
+depot_status depot_deallocate_on(depot_device_kind kind, int device, void* ptr, void* stream);
+/* Declares that work on `stream` uses the block: its reuse waits for that work. */
+depot_status depot_record_stream(depot_device_kind kind, int device, void* ptr, void* stream);
+
+/* Returns the cached free segments to the backend. */
+depot_status depot_empty_cache(depot_device_kind kind, int device);
+depot_status depot_reset_peak_stats(depot_device_kind kind, int device);
+/* Resets peaks and the running totals; current figures are never disturbed. */
+depot_status depot_reset_memory_stats(depot_device_kind kind, int device);
+/* *stats = the allocator's statistics, consistent with each other. */
+depot_status depot_get_memory_stats(depot_device_kind kind, int device, depot_memory_stats* stats);
+/* The readable table (depot::memory_summary): *length = its length in chars, without the
+ * terminating NUL; copied into buffer[0, size), cut short if it does not fit and always
+ * NUL-terminated when size > 0. buffer may be NULL when size is 0 (ask for the length);
+ * length may be NULL. */
+depot_status depot_memory_summary(depot_device_kind kind, int device, char* buffer, size_t size, size_t* length);
+
+/* The message of the calling thread's last failed call ("" if none failed yet); valid
+ * until its next failed call. */
+const char* depot_last_error(void);
+/* "DEPOT_SUCCESS", "DEPOT_ERROR_OUT_OF_MEMORY", ...; "unknown depot_status" otherwise. */
+const char* depot_status_name(depot_status status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DEPOT_POOL_C_API_H */

@@ -1,0 +1,51 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Part of depot: the memory layer for host, CUDA and HIP tensor data. */
+/* A C program (compiled as C11, -Wpedantic) that uses depot through <depot/pool/c_api.h> on
+ * the host backend: the header is valid C and the library links from C. Exits 1 on any
+ * failure, naming it. */
+#include <depot/pool/c_api.h>
+
+#include <stdio.h>
+#include <string.h>
+
+static int failures = 0;
+
+#define EXPECT(cond)                                                        \
+  do {                                                                      \
+    if (!(cond)) {                                                          \
+      fprintf(stderr, "c_api_program: FAILED %s (line %d): last error: %s\n", #cond, __LINE__, \
+              depot_last_error());                                          \
+      ++failures;                                                           \
+    }                                                                       \
+  } while (0)
+
+int main(void)
+{
+  int count = 0;
+  EXPECT(depot_device_count(DEPOT_DEVICE_HOST, &count) == DEPOT_SUCCESS && count == 1);
+
+  unsigned char* p = NULL;
+  EXPECT(depot_allocate(DEPOT_DEVICE_HOST, 0, 4096, NULL, (void**)&p) == DEPOT_SUCCESS && p != NULL);
+  if (p != NULL) {
+    memset(p, 7, 4096);
+    EXPECT(p[4095] == 7);
+  }
+  depot_memory_stats s;
+  EXPECT(depot_get_memory_stats(DEPOT_DEVICE_HOST, 0, &s) == DEPOT_SUCCESS);
+  EXPECT(s.allocated_bytes.all.current >= 4096 && s.num_allocations.all.current >= 1);
+  EXPECT(s.reserved_bytes.all.current >= s.allocated_bytes.all.current);
+
+  size_t length = 0;
+  EXPECT(depot_memory_summary(DEPOT_DEVICE_HOST, 0, NULL, 0, &length) == DEPOT_SUCCESS && length > 0);
+
+  EXPECT(depot_deallocate(DEPOT_DEVICE_HOST, 0, p) == DEPOT_SUCCESS);
+  EXPECT(depot_deallocate(DEPOT_DEVICE_HOST, 0, p) == DEPOT_ERROR_INVALID_ARGUMENT); /* double free */
+  EXPECT(strstr(depot_last_error(), "0x") != NULL);
+  EXPECT(depot_allocate(DEPOT_DEVICE_HOST, 3, 64, NULL, (void**)&p) == DEPOT_ERROR_INVALID_ARGUMENT);
+  EXPECT(p == NULL);
+  EXPECT(strcmp(depot_status_name(DEPOT_ERROR_OUT_OF_MEMORY), "DEPOT_ERROR_OUT_OF_MEMORY") == 0);
+  EXPECT(depot_empty_cache(DEPOT_DEVICE_HOST, 0) == DEPOT_SUCCESS);
+
+  if (failures == 0) printf("c_api_program: ok\n");
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,248 @@
+// SPDX-License-Identifier: Apache-2.0
+// Part of depot: the memory layer for host, CUDA and HIP tensor data.
+// The C interface (depot/pool/c_api.h) over the process-wide allocators: what it hands out
+// is the C++ pool's, its statistics are the C++ pool's field for field, and bad input gets
+// a status and a message for the calling thread, never an exception, changing nothing.
+#include "test_devices.hpp"
+
+#include <doctest/doctest.h>
+
+#include <depot/hal/runtime.hpp>
+#include <depot/hal/stream.hpp>
+#include <depot/pool/c_api.h>
+#include <depot/pool/pool.hpp>
+
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace {
+
+template <class D>
+constexpr depot_device_kind kind_of()
+{
+  if constexpr (std::is_same_v<D, depot::host>) return DEPOT_DEVICE_HOST;
+  if constexpr (std::is_same_v<D, depot::cuda>) return DEPOT_DEVICE_CUDA;
+  return DEPOT_DEVICE_HIP;
+}
+
+bool has(const char* text, const std::string& part) { return std::string{text}.find(part) != std::string::npos; }
+
+// Every figure of the C statistics against the C++ ones (written apart from c_api.cpp's
+// table, so a field it leaves out or swaps fails here).
+void check_same(const depot_memory_stats& c, const depot::memory_stats& s)
+{
+  const std::pair<const depot_stat_array*, const depot::stat_array*> arrays[] = {
+      {&c.allocated_bytes, &s.allocated_bytes},   {&c.requested_bytes, &s.requested_bytes},
+      {&c.reserved_bytes, &s.reserved_bytes},     {&c.cached_bytes, &s.cached_bytes},
+      {&c.active_bytes, &s.active_bytes},         {&c.inactive_split_bytes, &s.inactive_split_bytes},
+      {&c.num_allocations, &s.num_allocations},   {&c.num_segments, &s.num_segments}};
+  for (const auto& [x, y] : arrays) {
+    const std::pair<const depot_stat*, const depot::stat*> cells[] = {
+        {&x->all, &y->all}, {&x->small, &y->small}, {&x->large, &y->large}};
+    for (const auto& [a, b] : cells) {
+      CHECK(a->current == b->current);
+      CHECK(a->peak == b->peak);
+      CHECK(a->allocated == b->allocated);
+      CHECK(a->freed == b->freed);
+    }
+  }
+  CHECK(c.num_cache_hits == s.num_cache_hits);
+  CHECK(c.num_cache_misses == s.num_cache_misses);
+  CHECK(c.cache_hit_rate == s.cache_hit_rate);
+  CHECK(c.peak_allocated == s.peak_allocated);
+  CHECK(c.peak_cached == s.peak_cached);
+  CHECK(c.num_alloc_retries == s.num_alloc_retries);
+  CHECK(c.num_ooms == s.num_ooms);
+  CHECK(c.largest_free_block == s.largest_free_block);
+  CHECK(c.fragmentation == s.fragmentation);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("c_api: blocks, streams and statistics of the process pool through the C interface", D,
+                   DEPOT_TEST_DEVICES)
+{
+  const depot_device_kind k = kind_of<D>();
+  int count = -1;
+  REQUIRE(depot_device_count(k, &count) == DEPOT_SUCCESS);
+  CHECK(count == depot::device_count<D>());
+  REQUIRE(count >= 1);
+  auto& pool = depot::pool<D>(0);
+  depot::stream<D> s1;
+  depot::stream<D> s2;
+  const depot::memory_stats before = pool.stats();
+
+  void* a = reinterpret_cast<void*>(1);
+  REQUIRE(depot_allocate(k, 0, 1000, s1.native(), &a) == DEPOT_SUCCESS);
+  void* b = nullptr;
+  REQUIRE(depot_allocate(k, 0, 3 << 20, nullptr, &b) == DEPOT_SUCCESS);  // the default stream
+  void* z = reinterpret_cast<void*>(1);
+  REQUIRE(depot_allocate(k, 0, 0, nullptr, &z) == DEPOT_SUCCESS);
+  CHECK(z == nullptr);  // bytes == 0 gives NULL, as the C++ call
+  REQUIRE(a != nullptr);
+  REQUIRE(b != nullptr);
+  CHECK(reinterpret_cast<std::uintptr_t>(a) % 512 == 0);
+  CHECK(reinterpret_cast<std::uintptr_t>(b) % 512 == 0);
+  // The blocks are memory of the device: written and read back through the HAL.
+  std::vector<unsigned char> out(1000, 0xab);
+  std::vector<unsigned char> back(1000, 0);
+  depot::runtime<D>::copy(a, out.data(), out.size());
+  depot::runtime<D>::copy(back.data(), a, back.size());
+  CHECK(back == out);
+
+  // The C statistics are the C++ pool's, field for field, in the same state.
+  depot_memory_stats cs{};
+  REQUIRE(depot_get_memory_stats(k, 0, &cs) == DEPOT_SUCCESS);
+  const depot::memory_stats now = pool.stats();
+  check_same(cs, now);
+  CHECK(now.num_allocations.all.current == before.num_allocations.all.current + 2);
+  CHECK(now.allocated_bytes.all.current >= before.allocated_bytes.all.current + 1024 + (3 << 20));
+
+  // Work on s2 uses a: its reuse waits for s2 (record_stream), then it is freed on its own
+  // stream; b is freed in the order of s2.
+  CHECK(depot_record_stream(k, 0, a, s2.native()) == DEPOT_SUCCESS);
+  CHECK(depot_deallocate(k, 0, a) == DEPOT_SUCCESS);
+  CHECK(depot_deallocate_on(k, 0, b, s2.native()) == DEPOT_SUCCESS);
+  CHECK(depot_deallocate(k, 0, nullptr) == DEPOT_SUCCESS);  // a no-op
+  s2.synchronize();
+  REQUIRE(depot_get_memory_stats(k, 0, &cs) == DEPOT_SUCCESS);
+  CHECK(cs.num_allocations.all.current == before.num_allocations.all.current);
+  CHECK(cs.allocated_bytes.all.current == before.allocated_bytes.all.current);
+
+  // The summary: its length alone, all of it, and cut short (always NUL-terminated).
+  std::size_t length = 0;
+  REQUIRE(depot_memory_summary(k, 0, nullptr, 0, &length) == DEPOT_SUCCESS);
+  const std::string cpp = pool.summary();
+  CHECK(length == cpp.size());
+  std::vector<char> full(length + 1, 'x');
+  REQUIRE(depot_memory_summary(k, 0, full.data(), full.size(), nullptr) == DEPOT_SUCCESS);
+  CHECK(std::string{full.data()} == cpp);
+  char small[10];
+  std::memset(small, 'x', sizeof small);
+  std::size_t cut_length = 0;
+  REQUIRE(depot_memory_summary(k, 0, small, sizeof small, &cut_length) == DEPOT_SUCCESS);
+  CHECK(cut_length == cpp.size());
+  CHECK(std::strlen(small) == 9);
+  CHECK(std::string{small} == cpp.substr(0, 9));
+
+  // Peaks reset to the current figures; totals reset; the cache empties.
+  CHECK(depot_reset_peak_stats(k, 0) == DEPOT_SUCCESS);
+  REQUIRE(depot_get_memory_stats(k, 0, &cs) == DEPOT_SUCCESS);
+  CHECK(cs.allocated_bytes.all.peak == cs.allocated_bytes.all.current);
+  CHECK(depot_reset_memory_stats(k, 0) == DEPOT_SUCCESS);
+  REQUIRE(depot_get_memory_stats(k, 0, &cs) == DEPOT_SUCCESS);
+  CHECK(cs.num_allocations.all.allocated == 0);
+  CHECK(cs.num_allocations.all.current == before.num_allocations.all.current);  // live figures kept
+  const std::int64_t cached = pool.stats().cached_bytes.all.current;
+  CHECK(depot_empty_cache(k, 0) == DEPOT_SUCCESS);
+  CHECK(pool.stats().cached_bytes.all.current <= cached);
+}
+
+TEST_CASE_TEMPLATE("c_api: bad input gets a status and a message naming it, and changes nothing", D,
+                   DEPOT_TEST_DEVICES)
+{
+  const depot_device_kind k = kind_of<D>();
+  const int count = depot::device_count<D>();
+  auto& pool = depot::pool<D>(0);
+  void* p = reinterpret_cast<void*>(1);
+
+  CHECK(depot_allocate(k, 0, 64, nullptr, nullptr) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "ptr is NULL"));
+  CHECK(depot_device_count(k, nullptr) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "count is NULL"));
+  CHECK(depot_get_memory_stats(k, 0, nullptr) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "stats is NULL"));
+  CHECK(depot_memory_summary(k, 0, nullptr, 5, nullptr) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "buffer is NULL but size is 5"));
+
+  // Device indices outside [0, count): the message gives the valid range; *ptr is NULL.
+  for (const int bad : {-1, count, INT_MAX}) {
+    CAPTURE(bad);
+    p = reinterpret_cast<void*>(1);
+    CHECK(depot_allocate(k, bad, 64, nullptr, &p) == DEPOT_ERROR_INVALID_ARGUMENT);
+    CHECK(p == nullptr);
+    CHECK(has(depot_last_error(), "device index " + std::to_string(bad) + " is out of range"));
+    CHECK(has(depot_last_error(), "valid indices are [0, " + std::to_string(count) + ")"));
+    CHECK(depot_empty_cache(k, bad) == DEPOT_ERROR_INVALID_ARGUMENT);
+  }
+  // A device kind that is none of the three.
+  CHECK(depot_allocate(static_cast<depot_device_kind>(7), 0, 64, nullptr, &p) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "device kind 7 is not one of"));
+  CHECK(depot_empty_cache(static_cast<depot_device_kind>(-2), 0) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "device kind -2"));
+
+  // Sizes that cannot be served: out of memory with the request in the message, *ptr NULL.
+  const std::size_t huge = std::numeric_limits<std::size_t>::max();
+  p = reinterpret_cast<void*>(1);
+  CHECK(depot_allocate(k, 0, huge, nullptr, &p) == DEPOT_ERROR_OUT_OF_MEMORY);
+  CHECK(p == nullptr);
+  CHECK(has(depot_last_error(), std::to_string(huge)));
+
+  // A double free and a foreign pointer: invalid, naming the pointer; the pool unchanged.
+  void* q = nullptr;
+  REQUIRE(depot_allocate(k, 0, 4096, nullptr, &q) == DEPOT_SUCCESS);
+  REQUIRE(depot_deallocate(k, 0, q) == DEPOT_SUCCESS);
+  const depot::memory_stats before = pool.stats();
+  CHECK(depot_deallocate(k, 0, q) == DEPOT_ERROR_INVALID_ARGUMENT);
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "%llx", static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(q)));
+  CHECK(has(depot_last_error(), hex));
+  int local = 0;
+  CHECK(depot_deallocate_on(k, 0, &local, nullptr) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(depot_record_stream(k, 0, &local, nullptr) == DEPOT_ERROR_INVALID_ARGUMENT);
+  const depot::memory_stats after = pool.stats();
+  CHECK(after.num_allocations.all.current == before.num_allocations.all.current);
+  CHECK(after.allocated_bytes.all.current == before.allocated_bytes.all.current);
+  CHECK(after.reserved_bytes.all.current == before.reserved_bytes.all.current);
+
+  // The message is the calling thread's: another thread's failures do not touch it, and a
+  // thread that has not failed reads "".
+  CHECK(depot_deallocate(k, 0, &local) == DEPOT_ERROR_INVALID_ARGUMENT);
+  const std::string mine = depot_last_error();
+  std::string other_before;
+  std::string other_after;
+  std::thread t([&] {
+    other_before = depot_last_error();
+    void* r = nullptr;
+    (void)depot_allocate(k, -5, 1, nullptr, &r);
+    other_after = depot_last_error();
+  });
+  t.join();
+  CHECK(other_before.empty());
+  CHECK(has(other_after.c_str(), "device index -5"));
+  CHECK(std::string{depot_last_error()} == mine);
+}
+
+TEST_CASE("c_api: a backend this build lacks, and the status names")
+{
+#if DEPOT_HAS_CUDA
+  const depot_device_kind missing = DEPOT_DEVICE_HIP;
+  const char* option = "-Dgpu=hip";
+#else
+  const depot_device_kind missing = DEPOT_DEVICE_CUDA;
+  const char* option = "-Dgpu=cuda";
+#endif
+  int count = -1;
+  CHECK(depot_device_count(missing, &count) == DEPOT_ERROR_NOT_SUPPORTED);
+  CHECK(count == 0);
+  CHECK(has(depot_last_error(), option));
+  void* p = reinterpret_cast<void*>(1);
+  CHECK(depot_allocate(missing, 0, 64, nullptr, &p) == DEPOT_ERROR_NOT_SUPPORTED);
+  CHECK(p == nullptr);
+  CHECK(has(depot_last_error(), "this build of depot has no"));
+
+  CHECK(std::string{depot_status_name(DEPOT_SUCCESS)} == "DEPOT_SUCCESS");
+  CHECK(std::string{depot_status_name(DEPOT_ERROR_INVALID_ARGUMENT)} == "DEPOT_ERROR_INVALID_ARGUMENT");
+  CHECK(std::string{depot_status_name(DEPOT_ERROR_OUT_OF_MEMORY)} == "DEPOT_ERROR_OUT_OF_MEMORY");
+  CHECK(std::string{depot_status_name(DEPOT_ERROR_NOT_SUPPORTED)} == "DEPOT_ERROR_NOT_SUPPORTED");
+  CHECK(std::string{depot_status_name(DEPOT_ERROR_BACKEND)} == "DEPOT_ERROR_BACKEND");
+  CHECK(std::string{depot_status_name(DEPOT_ERROR_INTERNAL)} == "DEPOT_ERROR_INTERNAL");
+  CHECK(std::string{depot_status_name(static_cast<depot_status>(99))} == "unknown depot_status");
+}
