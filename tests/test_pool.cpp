@@ -5411,7 +5411,7 @@ TEST_CASE_TEMPLATE("pool: fixed_pool asks its out-of-memory handler when every b
 
 // Threads that find every block in use at once wait in the handler for a block another
 // thread gives back; each request is served, none thrown.
-TEST_CASE("pool: fixed_pool's out-of-memory handler on many threads at once")
+TEST_CASE("pool: a fixed_pool out of blocks on many threads at once asks its handler")
 {
   constexpr int k_threads = 4;
   constexpr int k_rounds = 200;

@@ -1,0 +1,142 @@
+! SPDX-License-Identifier: Apache-2.0
+! Part of depot: the memory layer for host, CUDA and HIP tensor data.
+! Fortran interfaces (ISO_C_BINDING) to depot's C interface, <depot/pool/c_api.h>: the same
+! functions, constants and statistics types, and depot_last_error_message() returning the
+! calling thread's last error as a Fortran string. Compile this file with your code (a .mod
+! file is specific to its compiler) and link libdepot. Thread-safety, stream and ownership
+! rules are the C interface's: every function returns a status (DEPOT_SUCCESS or an error)
+! and never unwinds; streams are the backend's handles as type(c_ptr) (c_null_ptr: the
+! default stream); memory from depot_allocate is the caller's until depot_deallocate.
+module depot_pool
+  use, intrinsic :: iso_c_binding, only: c_int, c_int64_t, c_double, c_size_t, c_ptr, c_char, &
+                                         c_null_char, c_f_pointer, c_associated
+  implicit none
+  private
+
+  ! depot_device_kind
+  integer(c_int), parameter, public :: DEPOT_DEVICE_HOST = 0, DEPOT_DEVICE_CUDA = 1, DEPOT_DEVICE_HIP = 2
+  ! depot_status
+  integer(c_int), parameter, public :: DEPOT_SUCCESS = 0, DEPOT_ERROR_INVALID_ARGUMENT = 1, &
+                                       DEPOT_ERROR_OUT_OF_MEMORY = 2, DEPOT_ERROR_NOT_SUPPORTED = 3, &
+                                       DEPOT_ERROR_BACKEND = 4, DEPOT_ERROR_INTERNAL = 5
+
+  type, bind(c), public :: depot_stat
+    integer(c_int64_t) :: current, peak, allocated, freed
+  end type depot_stat
+
+  type, bind(c), public :: depot_stat_array
+    type(depot_stat) :: all, small, large
+  end type depot_stat_array
+
+  type, bind(c), public :: depot_memory_stats
+    type(depot_stat_array) :: allocated_bytes, requested_bytes, reserved_bytes, cached_bytes, &
+                              active_bytes, inactive_split_bytes, num_allocations, num_segments
+    integer(c_int64_t) :: num_cache_hits, num_cache_misses
+    real(c_double) :: cache_hit_rate
+    integer(c_int64_t) :: peak_allocated, peak_cached, num_alloc_retries, num_ooms, largest_free_block
+    real(c_double) :: fragmentation
+  end type depot_memory_stats
+
+  public :: depot_device_count, depot_allocate, depot_deallocate, depot_deallocate_on, &
+            depot_record_stream, depot_empty_cache, depot_reset_peak_stats, depot_reset_memory_stats, &
+            depot_get_memory_stats, depot_memory_summary, depot_last_error, depot_status_name, &
+            depot_last_error_message
+
+  interface
+    integer(c_int) function depot_device_count(kind, count) bind(c, name='depot_device_count')
+      import :: c_int
+      integer(c_int), value :: kind
+      integer(c_int), intent(out) :: count
+    end function depot_device_count
+
+    integer(c_int) function depot_allocate(kind, device, bytes, stream, ptr) bind(c, name='depot_allocate')
+      import :: c_int, c_size_t, c_ptr
+      integer(c_int), value :: kind, device
+      integer(c_size_t), value :: bytes
+      type(c_ptr), value :: stream
+      type(c_ptr), intent(out) :: ptr
+    end function depot_allocate
+
+    integer(c_int) function depot_deallocate(kind, device, ptr) bind(c, name='depot_deallocate')
+      import :: c_int, c_ptr
+      integer(c_int), value :: kind, device
+      type(c_ptr), value :: ptr
+    end function depot_deallocate
+
+    integer(c_int) function depot_deallocate_on(kind, device, ptr, stream) bind(c, name='depot_deallocate_on')
+      import :: c_int, c_ptr
+      integer(c_int), value :: kind, device
+      type(c_ptr), value :: ptr, stream
+    end function depot_deallocate_on
+
+    integer(c_int) function depot_record_stream(kind, device, ptr, stream) bind(c, name='depot_record_stream')
+      import :: c_int, c_ptr
+      integer(c_int), value :: kind, device
+      type(c_ptr), value :: ptr, stream
+    end function depot_record_stream
+
+    integer(c_int) function depot_empty_cache(kind, device) bind(c, name='depot_empty_cache')
+      import :: c_int
+      integer(c_int), value :: kind, device
+    end function depot_empty_cache
+
+    integer(c_int) function depot_reset_peak_stats(kind, device) bind(c, name='depot_reset_peak_stats')
+      import :: c_int
+      integer(c_int), value :: kind, device
+    end function depot_reset_peak_stats
+
+    integer(c_int) function depot_reset_memory_stats(kind, device) bind(c, name='depot_reset_memory_stats')
+      import :: c_int
+      integer(c_int), value :: kind, device
+    end function depot_reset_memory_stats
+
+    integer(c_int) function depot_get_memory_stats(kind, device, stats) bind(c, name='depot_get_memory_stats')
+      import :: c_int, depot_memory_stats
+      integer(c_int), value :: kind, device
+      type(depot_memory_stats), intent(out) :: stats
+    end function depot_get_memory_stats
+
+    ! buffer: a character(kind=c_char) array of `size` elements (or c_null_ptr with size 0)
+    integer(c_int) function depot_memory_summary(kind, device, buffer, size, length) &
+        bind(c, name='depot_memory_summary')
+      import :: c_int, c_size_t, c_ptr
+      integer(c_int), value :: kind, device
+      type(c_ptr), value :: buffer
+      integer(c_size_t), value :: size
+      integer(c_size_t), intent(out) :: length
+    end function depot_memory_summary
+
+    type(c_ptr) function depot_last_error() bind(c, name='depot_last_error')
+      import :: c_ptr
+    end function depot_last_error
+
+    type(c_ptr) function depot_status_name(status) bind(c, name='depot_status_name')
+      import :: c_int, c_ptr
+      integer(c_int), value :: status
+    end function depot_status_name
+  end interface
+
+contains
+
+  ! The calling thread's last error message as a Fortran string ("" if none).
+  function depot_last_error_message() result(message)
+    character(len=:), allocatable :: message
+    character(kind=c_char), pointer :: chars(:)
+    type(c_ptr) :: p
+    integer :: n, i
+    nullify (chars)
+    p = depot_last_error()
+    n = 0
+    if (c_associated(p)) then
+      call c_f_pointer(p, chars, [huge(0)])
+      do while (chars(n + 1) /= c_null_char)
+        n = n + 1
+      end do
+    end if
+    allocate (character(len=n) :: message)
+    do i = 1, n
+      message(i:i) = chars(i)
+    end do
+  end function depot_last_error_message
+
+end module depot_pool

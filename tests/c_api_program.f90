@@ -1,0 +1,84 @@
+! SPDX-License-Identifier: Apache-2.0
+! Part of depot: the memory layer for host, CUDA and HIP tensor data.
+! A Fortran program that uses depot through the depot_pool module (ISO_C_BINDING interfaces
+! to <depot/pool/c_api.h>) on the host backend: the interfaces match the C functions and
+! the statistics types match the C structs (figures checked against each other). Stops
+! with code 1 on any failure, naming it.
+program c_api_program_f
+  use, intrinsic :: iso_c_binding
+  use depot_pool
+  implicit none
+  integer :: failures = 0
+  integer(c_int) :: count, st
+  type(c_ptr) :: p, q
+  integer(c_int8_t), pointer :: bytes(:)
+  type(depot_memory_stats) :: s0, s1
+  integer(c_size_t) :: length
+  character(kind=c_char), target :: small(8)
+  character(len=:), allocatable :: msg
+
+  call expect(depot_device_count(DEPOT_DEVICE_HOST, count) == DEPOT_SUCCESS .and. count == 1, 'device_count')
+  call expect(depot_get_memory_stats(DEPOT_DEVICE_HOST, 0, s0) == DEPOT_SUCCESS, 'stats before')
+
+  st = depot_allocate(DEPOT_DEVICE_HOST, 0, 4096_c_size_t, c_null_ptr, p)
+  call expect(st == DEPOT_SUCCESS .and. c_associated(p), 'allocate 4096')
+  call c_f_pointer(p, bytes, [4096])
+  bytes = 7_c_int8_t
+  call expect(all(bytes == 7_c_int8_t), 'write the block')
+  st = depot_allocate(DEPOT_DEVICE_HOST, 0, 3145728_c_size_t, c_null_ptr, q)
+  call expect(st == DEPOT_SUCCESS .and. c_associated(q), 'allocate 3 MiB')
+
+  call expect(depot_get_memory_stats(DEPOT_DEVICE_HOST, 0, s1) == DEPOT_SUCCESS, 'stats after')
+  ! the struct's layout: each figure where C put it
+  call expect(s1%num_allocations%all%current == s0%num_allocations%all%current + 2, 'two more live blocks')
+  call expect(s1%num_allocations%small%current == s0%num_allocations%small%current + 1, 'one small')
+  call expect(s1%num_allocations%large%current == s0%num_allocations%large%current + 1, 'one large')
+  call expect(s1%allocated_bytes%all%current == s0%allocated_bytes%all%current + 4096 + 3145728, 'allocated bytes')
+  call expect(s1%requested_bytes%all%current == s0%requested_bytes%all%current + 4096 + 3145728, 'requested bytes')
+  call expect(s1%reserved_bytes%all%current == s1%allocated_bytes%all%current + s1%cached_bytes%all%current, &
+              'reserved = allocated + cached')
+  call expect(s1%peak_allocated == s1%allocated_bytes%all%peak, 'peak_allocated')
+  call expect(s1%fragmentation >= 0.0_c_double .and. s1%fragmentation <= 1.0_c_double, 'fragmentation in [0, 1]')
+  call expect(s1%cache_hit_rate >= 0.0_c_double .and. s1%cache_hit_rate <= 1.0_c_double, 'hit rate in [0, 1]')
+  call expect(s1%num_ooms == s0%num_ooms, 'no out-of-memory')
+
+  st = depot_memory_summary(DEPOT_DEVICE_HOST, 0, c_null_ptr, 0_c_size_t, length)
+  call expect(st == DEPOT_SUCCESS .and. length > 8, 'summary length')
+  st = depot_memory_summary(DEPOT_DEVICE_HOST, 0, c_loc(small), 8_c_size_t, length)
+  call expect(st == DEPOT_SUCCESS .and. small(8) == c_null_char, 'summary cut short, NUL-terminated')
+
+  call expect(depot_deallocate(DEPOT_DEVICE_HOST, 0, p) == DEPOT_SUCCESS, 'free')
+  call expect(depot_deallocate_on(DEPOT_DEVICE_HOST, 0, q, c_null_ptr) == DEPOT_SUCCESS, 'free on a stream')
+  ! bad input: a status and this thread's message
+  call expect(depot_deallocate(DEPOT_DEVICE_HOST, 0, p) == DEPOT_ERROR_INVALID_ARGUMENT, 'double free refused')
+  msg = depot_last_error_message()
+  call expect(index(msg, '0x') > 0, 'the message names the pointer: '//msg)
+  st = depot_allocate(DEPOT_DEVICE_HOST, 2, 64_c_size_t, c_null_ptr, p)
+  call expect(st == DEPOT_ERROR_INVALID_ARGUMENT .and. .not. c_associated(p), 'device 2 refused')
+  msg = depot_last_error_message()
+  call expect(index(msg, 'valid indices are [0, 1)') > 0, 'the message gives the range: '//msg)
+  call expect(depot_allocate(7_c_int, 0, 64_c_size_t, c_null_ptr, p) == DEPOT_ERROR_INVALID_ARGUMENT, 'kind 7')
+  call expect(depot_empty_cache(DEPOT_DEVICE_HOST, 0) == DEPOT_SUCCESS, 'empty_cache')
+  call expect(depot_reset_peak_stats(DEPOT_DEVICE_HOST, 0) == DEPOT_SUCCESS, 'reset_peak_stats')
+  call expect(depot_reset_memory_stats(DEPOT_DEVICE_HOST, 0) == DEPOT_SUCCESS, 'reset_memory_stats')
+  call expect(depot_record_stream(DEPOT_DEVICE_HOST, 0, c_loc(small), c_null_ptr) == DEPOT_ERROR_INVALID_ARGUMENT, &
+              'record_stream of a foreign pointer')
+
+  if (failures /= 0) then
+    print '(a, i0, a)', 'c_api_program_f: ', failures, ' failure(s)'
+    stop 1
+  end if
+  print '(a)', 'c_api_program_f: ok'
+
+contains
+
+  subroutine expect(ok, what)
+    logical, intent(in) :: ok
+    character(len=*), intent(in) :: what
+    if (.not. ok) then
+      failures = failures + 1
+      print '(a, a)', 'c_api_program_f: FAILED ', what
+    end if
+  end subroutine expect
+
+end program c_api_program_f
