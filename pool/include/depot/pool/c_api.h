@@ -20,14 +20,22 @@
 extern "C" {
 #endif
 
+/* In C++ the enumerations are int-based, so any int a C or Fortran caller passes is a value
+ * of the type (checked, never undefined); in C they are int-sized as well. */
+#ifdef __cplusplus
+#define DEPOT_C_ENUM_BASE : int
+#else
+#define DEPOT_C_ENUM_BASE
+#endif
+
 /* A backend. One that this build lacks gives DEPOT_ERROR_NOT_SUPPORTED. */
-typedef enum depot_device_kind {
+typedef enum depot_device_kind DEPOT_C_ENUM_BASE {
   DEPOT_DEVICE_HOST = 0,
   DEPOT_DEVICE_CUDA = 1,
   DEPOT_DEVICE_HIP = 2
 } depot_device_kind;
 
-typedef enum depot_status {
+typedef enum depot_status DEPOT_C_ENUM_BASE {
   DEPOT_SUCCESS = 0,
   DEPOT_ERROR_INVALID_ARGUMENT = 1, /* a bad argument: kind, device, pointer, size, buffer */
   DEPOT_ERROR_OUT_OF_MEMORY = 2,    /* after the allocator's retries and its handler */
@@ -35,6 +43,8 @@ typedef enum depot_status {
   DEPOT_ERROR_BACKEND = 4,          /* the backend's runtime failed (its error in the message) */
   DEPOT_ERROR_INTERNAL = 5          /* anything else (the message says what) */
 } depot_status;
+
+#undef DEPOT_C_ENUM_BASE
 
 /* One figure: now, highest since the last peak reset, running totals added and removed. */
 typedef struct depot_stat {
