@@ -12,6 +12,7 @@
 #include <depot/pool/c_api.h>
 #include <depot/pool/caching_allocator.hpp>
 #include <depot/pool/memory_stats.hpp>
+#include <depot/pool/oom_handler.hpp>
 #include <depot/pool/pool.hpp>
 
 #include <algorithm>
@@ -123,6 +124,27 @@ depot_memory_stats to_c(const depot::memory_stats& s) noexcept
   return out;
 }
 
+// Copies the text `make(D{})` returns into buffer[0, size) (cut short, NUL-terminated when
+// size > 0) and its full length into *length (if not NULL).
+template <class Make>
+depot_status text_out(const char* call, depot_device_kind kind, char* buffer, std::size_t size,
+                      std::size_t* length, Make&& make) noexcept
+{
+  if (buffer == nullptr && size != 0) {
+    return fail(DEPOT_ERROR_INVALID_ARGUMENT, std::string{call} + ": buffer is NULL but size is " +
+                                                  std::to_string(size) + " (NULL is allowed with size 0 only)");
+  }
+  return with_backend(kind, [&]<class D>(D d) {
+    const std::string text = make(d);
+    if (size > 0) {
+      const std::size_t n = std::min(text.size(), size - 1);
+      std::memcpy(buffer, text.data(), n);
+      buffer[n] = '\0';
+    }
+    if (length != nullptr) *length = text.size();
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -181,19 +203,51 @@ depot_status depot_get_memory_stats(depot_device_kind kind, int device, depot_me
 
 depot_status depot_memory_summary(depot_device_kind kind, int device, char* buffer, size_t size, size_t* length)
 {
-  if (buffer == nullptr && size != 0) {
-    return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_memory_summary: buffer is NULL but size is " +
-                                                  std::to_string(size) + " (NULL is allowed with size 0 only)");
+  return text_out("depot_memory_summary", kind, buffer, size, length,
+                  [&]<class D>(D) { return depot::pool<D>(device).summary(); });
+}
+
+depot_status depot_memory_snapshot_json(depot_device_kind kind, int device, char* buffer, size_t size,
+                                        size_t* length)
+{
+  return text_out("depot_memory_snapshot_json", kind, buffer, size, length,
+                  [&]<class D>(D) { return depot::pool<D>(device).snapshot().to_json(); });
+}
+
+depot_status depot_set_trace_capacity(depot_device_kind kind, int device, size_t events)
+{
+  return with_backend(kind, [&]<class D>(D) { depot::pool<D>(device).set_trace_capacity(events); });
+}
+
+depot_status depot_trace_json(depot_device_kind kind, int device, char* buffer, size_t size, size_t* length)
+{
+  return text_out("depot_trace_json", kind, buffer, size, length,
+                  [&]<class D>(D) { return depot::pool<D>(device).trace_json(); });
+}
+
+depot_status depot_set_oom_handler(depot_device_kind kind, int device, depot_oom_callback callback,
+                                   void* user_data)
+{
+  depot::oom_handler handler;
+  if (callback != nullptr) {
+    handler = [callback, user_data](const depot::out_of_memory& e, unsigned attempt) {
+      return callback(e.what(), e.requested_bytes(), attempt, user_data) != 0;
+    };
   }
-  return with_backend(kind, [&]<class D>(D) {
-    const std::string text = depot::pool<D>(device).summary();
-    if (size > 0) {
-      const std::size_t n = std::min(text.size(), size - 1);
-      std::memcpy(buffer, text.data(), n);
-      buffer[n] = '\0';
-    }
-    if (length != nullptr) *length = text.size();
-  });
+  return with_backend(kind, [&]<class D>(D) { depot::pool<D>(device).set_oom_handler(std::move(handler)); });
+}
+
+depot_status depot_allocate_pinned(depot_device_kind kind, int device, size_t bytes, void* stream, void** ptr)
+{
+  if (ptr == nullptr) return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_allocate_pinned: ptr is NULL");
+  *ptr = nullptr;
+  return with_backend(kind,
+                      [&]<class D>(D) { *ptr = depot::pinned_pool<D>(device).allocate(bytes, ref<D>(stream)); });
+}
+
+depot_status depot_deallocate_pinned(depot_device_kind kind, int device, void* ptr)
+{
+  return with_backend(kind, [&]<class D>(D) { depot::pinned_pool<D>(device).deallocate(ptr); });
 }
 
 const char* depot_last_error(void) { return last_error.c_str(); }

@@ -4,9 +4,30 @@
 ! to <depot/pool/c_api.h>) on the host backend: the interfaces match the C functions and
 ! the statistics types match the C structs (figures checked against each other). Stops
 ! with code 1 on any failure, naming it.
+! The out-of-memory callback, in a module: an internal procedure that reaches its host's
+! variables would need a trampoline on an executable stack.
+module c_api_program_oom
+  use, intrinsic :: iso_c_binding
+  implicit none
+  integer :: oom_calls = 0
+  integer(c_size_t) :: oom_requested = 0
+contains
+  integer(c_int) function on_oom(message, requested_bytes, attempt, user_data) bind(c)
+    type(c_ptr), value :: message
+    integer(c_size_t), value :: requested_bytes
+    integer(c_int), value :: attempt
+    type(c_ptr), value :: user_data
+    oom_calls = oom_calls + 1
+    oom_requested = requested_bytes
+    if (.not. c_associated(message) .or. attempt /= 1 .or. c_associated(user_data)) oom_calls = oom_calls + 100
+    on_oom = 0
+  end function on_oom
+end module c_api_program_oom
+
 program c_api_program_f
   use, intrinsic :: iso_c_binding
   use depot_pool
+  use c_api_program_oom
   implicit none
   integer :: failures = 0
   integer(c_int) :: count, st
@@ -64,6 +85,22 @@ program c_api_program_f
   call expect(depot_record_stream(DEPOT_DEVICE_HOST, 0, c_loc(small), c_null_ptr) == DEPOT_ERROR_INVALID_ARGUMENT, &
               'record_stream of a foreign pointer')
 
+  ! the out-of-memory callback: a request no machine holds (1 PiB) reaches it once
+  oom_calls = 0
+  call expect(depot_set_oom_handler(DEPOT_DEVICE_HOST, 0, c_funloc(on_oom), c_null_ptr) == DEPOT_SUCCESS, &
+              'set the callback')
+  st = depot_allocate(DEPOT_DEVICE_HOST, 0, 1125899906842624_c_size_t, c_null_ptr, p)
+  call expect(st == DEPOT_ERROR_OUT_OF_MEMORY .and. oom_calls == 1, 'the callback ran once')
+  call expect(oom_requested == 1125899906842624_c_size_t, 'the callback got the request')
+  call expect(depot_set_oom_handler(DEPOT_DEVICE_HOST, 0, c_null_funptr, c_null_ptr) == DEPOT_SUCCESS, &
+              'remove the callback')
+  ! the pinned pool and the snapshot
+  call expect(depot_allocate_pinned(DEPOT_DEVICE_HOST, 0, 8192_c_size_t, c_null_ptr, p) == DEPOT_SUCCESS, &
+              'pinned allocate')
+  call expect(depot_deallocate_pinned(DEPOT_DEVICE_HOST, 0, p) == DEPOT_SUCCESS, 'pinned free')
+  call expect(depot_memory_snapshot_json(DEPOT_DEVICE_HOST, 0, c_null_ptr, 0_c_size_t, length) == DEPOT_SUCCESS &
+              .and. length > 20, 'snapshot length')
+
   if (failures /= 0) then
     print '(a, i0, a)', 'c_api_program_f: ', failures, ' failure(s)'
     stop 1
@@ -71,6 +108,7 @@ program c_api_program_f
   print '(a)', 'c_api_program_f: ok'
 
 contains
+
 
   subroutine expect(ok, what)
     logical, intent(in) :: ok

@@ -12,6 +12,8 @@
 #include <depot/pool/c_api.h>
 #include <depot/pool/pool.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -245,4 +247,122 @@ TEST_CASE("c_api: a backend this build lacks, and the status names")
   CHECK(std::string{depot_status_name(DEPOT_ERROR_BACKEND)} == "DEPOT_ERROR_BACKEND");
   CHECK(std::string{depot_status_name(DEPOT_ERROR_INTERNAL)} == "DEPOT_ERROR_INTERNAL");
   CHECK(std::string{depot_status_name(static_cast<depot_status>(99))} == "unknown depot_status");
+}
+
+namespace {
+
+// What the out-of-memory callback saw (user_data points at it).
+struct oom_calls {
+  std::vector<unsigned> attempts;
+  std::size_t requested = 0;
+  std::string message;
+  unsigned retry_below = 0;  // answers "retry" while attempt < retry_below
+};
+
+int record_oom(const char* message, size_t requested_bytes, unsigned attempt, void* user_data)
+{
+  auto& c = *static_cast<oom_calls*>(user_data);
+  c.attempts.push_back(attempt);
+  c.requested = requested_bytes;
+  c.message = message;
+  return attempt < c.retry_below ? 1 : 0;
+}
+
+// The text a buffer-filling call gives, through the length query first.
+template <class Call>
+std::string text_of(Call call)
+{
+  std::size_t length = 0;
+  REQUIRE(call(nullptr, 0, &length) == DEPOT_SUCCESS);
+  std::vector<char> buffer(length + 1);
+  REQUIRE(call(buffer.data(), buffer.size(), nullptr) == DEPOT_SUCCESS);
+  return std::string{buffer.data(), length};
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("c_api: snapshot and trace as JSON, the out-of-memory callback and the pinned pool", D,
+                   DEPOT_TEST_DEVICES)
+{
+  const depot_device_kind k = kind_of<D>();
+  auto& pool = depot::pool<D>(0);
+  void* held = nullptr;
+  REQUIRE(depot_allocate(k, 0, 5 << 20, nullptr, &held) == DEPOT_SUCCESS);
+
+  // The snapshot is the C++ one in the same state; its segments sum to the reserved bytes.
+  const std::string snap = text_of([&](char* b, std::size_t n, std::size_t* len) {
+    return depot_memory_snapshot_json(k, 0, b, n, len);
+  });
+  CHECK(snap == pool.snapshot().to_json());
+  const auto j = nlohmann::json::parse(snap);
+  CHECK(j["format"] == "depot.snapshot.v1");
+  std::int64_t seg_bytes = 0;
+  bool found = false;
+  for (const auto& seg : j["segments"]) {
+    seg_bytes += seg["size"].get<std::int64_t>();
+    for (const auto& blk : seg["blocks"]) {
+      found = found || (blk["address"].get<std::uintptr_t>() == reinterpret_cast<std::uintptr_t>(held) &&
+                        blk["state"] == "allocated");
+    }
+  }
+  depot_memory_stats st{};
+  REQUIRE(depot_get_memory_stats(k, 0, &st) == DEPOT_SUCCESS);
+  CHECK(seg_bytes == st.reserved_bytes.all.current);
+  CHECK(found);
+  CHECK(depot_memory_snapshot_json(k, 0, nullptr, 3, nullptr) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "depot_memory_snapshot_json: buffer is NULL but size is 3"));
+
+  // The trace: on, one allocate and one free of a block, off again (the pool is shared).
+  REQUIRE(depot_set_trace_capacity(k, 0, 64) == DEPOT_SUCCESS);
+  void* t = nullptr;
+  REQUIRE(depot_allocate(k, 0, 3000, nullptr, &t) == DEPOT_SUCCESS);
+  REQUIRE(depot_deallocate(k, 0, t) == DEPOT_SUCCESS);
+  const std::string trace = text_of([&](char* b, std::size_t n, std::size_t* len) {
+    return depot_trace_json(k, 0, b, n, len);
+  });
+  REQUIRE(depot_set_trace_capacity(k, 0, 0) == DEPOT_SUCCESS);
+  const auto tj = nlohmann::json::parse(trace);
+  CHECK(tj["format"] == "depot.trace.v1");
+  int alloc_events = 0;
+  int free_events = 0;
+  for (const auto& e : tj["events"]) {
+    if (e["address"].get<std::uintptr_t>() != reinterpret_cast<std::uintptr_t>(t)) continue;
+    alloc_events += e["kind"] == "alloc" && e["requested"] == 3000;
+    free_events += e["kind"] == "free";
+  }
+  CHECK(alloc_events == 1);
+  CHECK(free_events == 1);
+
+  // The out-of-memory callback: a request no device holds (1 PiB: the upstream refuses it)
+  // reaches it with the request and the report; retried while it says so; NULL removes it.
+  const std::size_t huge = std::size_t{1} << 50;
+  oom_calls calls;
+  REQUIRE(depot_set_oom_handler(k, 0, &record_oom, &calls) == DEPOT_SUCCESS);
+  void* p = reinterpret_cast<void*>(1);
+  CHECK(depot_allocate(k, 0, huge, nullptr, &p) == DEPOT_ERROR_OUT_OF_MEMORY);
+  CHECK(p == nullptr);
+  CHECK(calls.attempts == std::vector<unsigned>{1});
+  CHECK(calls.requested == huge);
+  CHECK(has(calls.message.c_str(), std::to_string(huge)));
+  CHECK(std::string{depot_last_error()} == calls.message);  // the report the caller gets
+  calls.attempts.clear();
+  calls.retry_below = 3;
+  CHECK(depot_allocate(k, 0, huge, nullptr, &p) == DEPOT_ERROR_OUT_OF_MEMORY);
+  CHECK(calls.attempts == std::vector<unsigned>{1, 2, 3});
+  REQUIRE(depot_set_oom_handler(k, 0, nullptr, nullptr) == DEPOT_SUCCESS);
+  calls.attempts.clear();
+  CHECK(depot_allocate(k, 0, huge, nullptr, &p) == DEPOT_ERROR_OUT_OF_MEMORY);
+  CHECK(calls.attempts.empty());
+  CHECK(depot_set_oom_handler(k, -1, &record_oom, &calls) == DEPOT_ERROR_INVALID_ARGUMENT);
+
+  // The pinned pool: host memory the CPU writes and reads, whatever the backend.
+  void* pinned = nullptr;
+  REQUIRE(depot_allocate_pinned(k, 0, 1 << 20, nullptr, &pinned) == DEPOT_SUCCESS);
+  REQUIRE(pinned != nullptr);
+  std::memset(pinned, 0x5a, 1 << 20);
+  CHECK(static_cast<unsigned char*>(pinned)[(1 << 20) - 1] == 0x5a);
+  CHECK(depot_deallocate_pinned(k, 0, pinned) == DEPOT_SUCCESS);
+  CHECK(depot_deallocate_pinned(k, 0, pinned) == DEPOT_ERROR_INVALID_ARGUMENT);  // a double free
+  CHECK(depot_allocate_pinned(k, 0, 64, nullptr, nullptr) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(depot_deallocate(k, 0, held) == DEPOT_SUCCESS);
 }

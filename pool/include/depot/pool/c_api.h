@@ -112,6 +112,30 @@ depot_status depot_get_memory_stats(depot_device_kind kind, int device, depot_me
  * length may be NULL. */
 depot_status depot_memory_summary(depot_device_kind kind, int device, char* buffer, size_t size, size_t* length);
 
+/* Every segment with its blocks as JSON (depot::allocator_snapshot::to_json, the README's
+ * "depot.snapshot" format), into a buffer as depot_memory_summary. */
+depot_status depot_memory_snapshot_json(depot_device_kind kind, int device, char* buffer, size_t size,
+                                         size_t* length);
+/* Keep the last `events` allocation events (0: stop tracing; the README's trace format). */
+depot_status depot_set_trace_capacity(depot_device_kind kind, int device, size_t events);
+/* The trace as JSON (depot::caching_allocator::trace_json), into a buffer as above. */
+depot_status depot_trace_json(depot_device_kind kind, int device, char* buffer, size_t size, size_t* length);
+
+/* Called when a request still fails after the allocator's own retries (depot::oom_handler):
+ * the out-of-memory report, the bytes asked for, the attempt (1, 2, ...) and the user_data
+ * given with it; no lock of the allocator is held, so it may free memory (depot_deallocate,
+ * depot_empty_cache). Nonzero tries the request again; 0 lets it fail with
+ * DEPOT_ERROR_OUT_OF_MEMORY. Called on each failing thread: it must be thread-safe. */
+typedef int (*depot_oom_callback)(const char* message, size_t requested_bytes, unsigned attempt, void* user_data);
+/* Sets the allocator's out-of-memory callback (NULL removes it). */
+depot_status depot_set_oom_handler(depot_device_kind kind, int device, depot_oom_callback callback,
+                                   void* user_data);
+
+/* The pinned host pool for staging transfers to and from `device` (depot::pinned_pool<D>):
+ * host memory the CPU reads and writes, ordered on the backend's streams like the above. */
+depot_status depot_allocate_pinned(depot_device_kind kind, int device, size_t bytes, void* stream, void** ptr);
+depot_status depot_deallocate_pinned(depot_device_kind kind, int device, void* ptr);
+
 /* The message of the calling thread's last failed call ("" if none failed yet); valid
  * until its next failed call. */
 const char* depot_last_error(void);

@@ -8,7 +8,7 @@
 ! and never unwinds; streams are the backend's handles as type(c_ptr) (c_null_ptr: the
 ! default stream); memory from depot_allocate is the caller's until depot_deallocate.
 module depot_pool
-  use, intrinsic :: iso_c_binding, only: c_int, c_int64_t, c_double, c_size_t, c_ptr, c_char, &
+  use, intrinsic :: iso_c_binding, only: c_int, c_int64_t, c_double, c_size_t, c_ptr, c_funptr, c_char, &
                                          c_null_char, c_f_pointer, c_associated
   implicit none
   private
@@ -39,8 +39,9 @@ module depot_pool
 
   public :: depot_device_count, depot_allocate, depot_deallocate, depot_deallocate_on, &
             depot_record_stream, depot_empty_cache, depot_reset_peak_stats, depot_reset_memory_stats, &
-            depot_get_memory_stats, depot_memory_summary, depot_last_error, depot_status_name, &
-            depot_last_error_message
+            depot_get_memory_stats, depot_memory_summary, depot_memory_snapshot_json, &
+            depot_set_trace_capacity, depot_trace_json, depot_set_oom_handler, depot_allocate_pinned, &
+            depot_deallocate_pinned, depot_last_error, depot_status_name, depot_last_error_message
 
   interface
     integer(c_int) function depot_device_count(kind, count) bind(c, name='depot_device_count')
@@ -105,6 +106,59 @@ module depot_pool
       integer(c_size_t), value :: size
       integer(c_size_t), intent(out) :: length
     end function depot_memory_summary
+
+    ! buffer and length: as depot_memory_summary
+    integer(c_int) function depot_memory_snapshot_json(kind, device, buffer, size, length) &
+        bind(c, name='depot_memory_snapshot_json')
+      import :: c_int, c_size_t, c_ptr
+      integer(c_int), value :: kind, device
+      type(c_ptr), value :: buffer
+      integer(c_size_t), value :: size
+      integer(c_size_t), intent(out) :: length
+    end function depot_memory_snapshot_json
+
+    integer(c_int) function depot_set_trace_capacity(kind, device, events) bind(c, name='depot_set_trace_capacity')
+      import :: c_int, c_size_t
+      integer(c_int), value :: kind, device
+      integer(c_size_t), value :: events
+    end function depot_set_trace_capacity
+
+    integer(c_int) function depot_trace_json(kind, device, buffer, size, length) bind(c, name='depot_trace_json')
+      import :: c_int, c_size_t, c_ptr
+      integer(c_int), value :: kind, device
+      type(c_ptr), value :: buffer
+      integer(c_size_t), value :: size
+      integer(c_size_t), intent(out) :: length
+    end function depot_trace_json
+
+    ! callback: c_funloc of a bind(c) function
+    !   integer(c_int) function f(message, requested_bytes, attempt, user_data) bind(c)
+    !     type(c_ptr), value :: message            ! a NUL-terminated C string
+    !     integer(c_size_t), value :: requested_bytes
+    !     integer(c_int), value :: attempt         ! (C: unsigned)
+    !     type(c_ptr), value :: user_data
+    ! (nonzero: try again); c_null_funptr removes it.
+    integer(c_int) function depot_set_oom_handler(kind, device, callback, user_data) &
+        bind(c, name='depot_set_oom_handler')
+      import :: c_int, c_ptr, c_funptr
+      integer(c_int), value :: kind, device
+      type(c_funptr), value :: callback
+      type(c_ptr), value :: user_data
+    end function depot_set_oom_handler
+
+    integer(c_int) function depot_allocate_pinned(kind, device, bytes, stream, ptr) bind(c, name='depot_allocate_pinned')
+      import :: c_int, c_size_t, c_ptr
+      integer(c_int), value :: kind, device
+      integer(c_size_t), value :: bytes
+      type(c_ptr), value :: stream
+      type(c_ptr), intent(out) :: ptr
+    end function depot_allocate_pinned
+
+    integer(c_int) function depot_deallocate_pinned(kind, device, ptr) bind(c, name='depot_deallocate_pinned')
+      import :: c_int, c_ptr
+      integer(c_int), value :: kind, device
+      type(c_ptr), value :: ptr
+    end function depot_deallocate_pinned
 
     type(c_ptr) function depot_last_error() bind(c, name='depot_last_error')
       import :: c_ptr
