@@ -120,9 +120,9 @@ std::vector<workload_step> make_workload(std::size_t n, std::size_t max_size, st
 
 // What comes right before each timed run (alloc, live): an untimed run of the same
 // allocator (its steady state: caches, TLB and branch history its own, as in RMM's
-// benchmark loop), or with --alloc-cold the previous allocator's run. Interleaved with
-// torch and cudaMallocAsync, depot's 10 000-pair rows on CUDA took up to 2x what depot
-// alone took on the same host (see BENCHMARKS.md).
+// benchmark loop), or with --alloc-cold the previous allocator's run. On the H200 hosts
+// the two orders differed by -14 % to +22 % a row, both ways, within the hosts' drift
+// (BENCHMARKS.md, "Each run after one of its own"); the default is kept as RMM's method.
 const char* run_order(const options& opts)
 {
   return opts.alloc_cold ? "right after the previous allocator's run (--alloc-cold)"
@@ -613,7 +613,8 @@ void alloc_all(const options& opts, int device, nlohmann::json& rows, nlohmann::
 // in its place, on one stream of one pinned thread: one warm-up run, then the median of
 // --alloc-reps runs, each right after an untimed run of the same allocator (--alloc-cold:
 // right after the previous allocator's), in rounds that interleave the allocators (each
-// keeps its L blocks live all the while). A row whose live bytes (L x max / 2 expected) would pass --live-cap is skipped.
+// keeps its L blocks live all the while). A row whose live bytes (L x max / 2 expected)
+// would pass --live-cap is skipped.
 // Per max, a last line gives each allocator's time at the largest L run over its time at
 // the smallest. The raw cudaMalloc / hipMalloc is left out (tens of µs a call: 10^6 blocks
 // would take minutes), and depot-expandable (its hits are depot's).

@@ -228,13 +228,15 @@ depot_status depot_trace_json(depot_device_kind kind, int device, char* buffer, 
 depot_status depot_set_oom_handler(depot_device_kind kind, int device, depot_oom_callback callback,
                                    void* user_data)
 {
-  depot::oom_handler handler;
-  if (callback != nullptr) {
-    handler = [callback, user_data](const depot::out_of_memory& e, unsigned attempt) {
-      return callback(e.what(), e.requested_bytes(), attempt, user_data) != 0;
-    };
-  }
-  return with_backend(kind, [&]<class D>(D) { depot::pool<D>(device).set_oom_handler(std::move(handler)); });
+  return with_backend(kind, [&]<class D>(D) {
+    depot::oom_handler handler;  // (built inside the guard: a std::function may allocate)
+    if (callback != nullptr) {
+      handler = [callback, user_data](const depot::out_of_memory& e, unsigned attempt) {
+        return callback(e.what(), e.requested_bytes(), attempt, user_data) != 0;
+      };
+    }
+    depot::pool<D>(device).set_oom_handler(std::move(handler));
+  });
 }
 
 depot_status depot_allocate_pinned(depot_device_kind kind, int device, size_t bytes, void* stream, void** ptr)
