@@ -11,17 +11,25 @@
 #include <depot/hal/stream_ref.hpp>
 #include <depot/pool/c_api.h>
 #include <depot/pool/caching_allocator.hpp>
+#include <depot/pool/fixed_pool.hpp>
 #include <depot/pool/memory_stats.hpp>
 #include <depot/pool/oom_handler.hpp>
 #include <depot/pool/pool.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <new>
+#include <shared_mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
+#include <variant>
 
 namespace {
 
@@ -42,11 +50,32 @@ depot_status not_built(const char* backend, const char* option) noexcept
                                              " backend (configure it with -Dgpu=" + option + ")");
 }
 
+// Runs f() (which returns a status), turning what it throws into one.
+template <class F>
+depot_status guarded(F&& f) noexcept
+{
+  try {
+    return f();
+  } catch (const depot::out_of_memory& e) {
+    return fail(DEPOT_ERROR_OUT_OF_MEMORY, e.what());
+  } catch (const std::bad_alloc& e) {
+    return fail(DEPOT_ERROR_OUT_OF_MEMORY, std::string{"depot: host memory exhausted ("} + e.what() + ")");
+  } catch (const std::invalid_argument& e) {  // depot::invalid_argument among them
+    return fail(DEPOT_ERROR_INVALID_ARGUMENT, e.what());
+  } catch (const depot::error& e) {
+    return fail(e.code_name() == "not_supported" ? DEPOT_ERROR_NOT_SUPPORTED : DEPOT_ERROR_BACKEND, e.what());
+  } catch (const std::exception& e) {
+    return fail(DEPOT_ERROR_INTERNAL, e.what());
+  } catch (...) {
+    return fail(DEPOT_ERROR_INTERNAL, "depot: an unknown exception");
+  }
+}
+
 // Runs f(D{}) for the backend `kind` names, turning what it throws into a status.
 template <class F>
 depot_status with_backend(depot_device_kind kind, F&& f) noexcept
 {
-  try {
+  return guarded([&] {
     switch (kind) {
       case DEPOT_DEVICE_HOST: f(depot::host{}); return DEPOT_SUCCESS;
       case DEPOT_DEVICE_CUDA:
@@ -67,19 +96,76 @@ depot_status with_backend(depot_device_kind kind, F&& f) noexcept
     return fail(DEPOT_ERROR_INVALID_ARGUMENT,
                 "depot: device kind " + std::to_string(static_cast<int>(kind)) +
                     " is not one of DEPOT_DEVICE_HOST (0), DEPOT_DEVICE_CUDA (1), DEPOT_DEVICE_HIP (2)");
-  } catch (const depot::out_of_memory& e) {
-    return fail(DEPOT_ERROR_OUT_OF_MEMORY, e.what());
-  } catch (const std::bad_alloc& e) {
-    return fail(DEPOT_ERROR_OUT_OF_MEMORY, std::string{"depot: host memory exhausted ("} + e.what() + ")");
-  } catch (const std::invalid_argument& e) {  // depot::invalid_argument among them
-    return fail(DEPOT_ERROR_INVALID_ARGUMENT, e.what());
-  } catch (const depot::error& e) {
-    return fail(e.code_name() == "not_supported" ? DEPOT_ERROR_NOT_SUPPORTED : DEPOT_ERROR_BACKEND, e.what());
-  } catch (const std::exception& e) {
-    return fail(DEPOT_ERROR_INTERNAL, e.what());
-  } catch (...) {
-    return fail(DEPOT_ERROR_INTERNAL, "depot: an unknown exception");
-  }
+  });
+}
+
+// A fixed pool of whichever backend its handle was made for (this build has at most one
+// GPU backend).
+using any_fixed_pool = std::variant<depot::fixed_pool<depot::host>
+#if DEPOT_HAS_CUDA
+                                    , depot::fixed_pool<depot::cuda>
+#endif
+#if DEPOT_HAS_HIP
+                                    , depot::fixed_pool<depot::hip>
+#endif
+                                    >;
+
+// The live fixed pools by handle. A handle is a number that is never reused (not an
+// address, which a later pool could take), so a destroyed or made-up handle is refused,
+// never mistaken for another pool. A call holds its own reference to the pool, so a destroy
+// on another thread frees the pool after the calls under way end. Never destroyed (a pool
+// left at exit is not freed during static destruction, after the backend may be gone).
+struct fixed_pool_table {
+  std::shared_mutex mu;
+  std::unordered_map<std::uintptr_t, std::shared_ptr<any_fixed_pool>> pools;
+  std::uintptr_t next = 1;
+};
+fixed_pool_table& fixed_pools()
+{
+  static auto* t = new fixed_pool_table;
+  return *t;
+}
+
+std::string handle_text(const depot_fixed_pool* pool)
+{
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", static_cast<const void*>(pool));
+  return buf;
+}
+
+[[noreturn]] void not_a_pool(const char* call, const depot_fixed_pool* pool)
+{
+  throw std::invalid_argument(std::string{call} + ": " +
+                              (pool == nullptr ? std::string{"pool is NULL"}
+                                               : "pool " + handle_text(pool) +
+                                                     " is not a live fixed pool (destroyed, or not made by "
+                                                     "depot_fixed_pool_create)"));
+}
+
+// Runs f(the fixed_pool<D> behind `pool`), turning what it throws into a status.
+template <class F>
+depot_status with_fixed_pool(const char* call, depot_fixed_pool* pool, F&& f) noexcept
+{
+  return guarded([&] {
+    std::shared_ptr<any_fixed_pool> p;
+    {
+      fixed_pool_table& t = fixed_pools();
+      const std::shared_lock g{t.mu};
+      if (const auto it = t.pools.find(reinterpret_cast<std::uintptr_t>(pool)); it != t.pools.end()) p = it->second;
+    }
+    if (p == nullptr) not_a_pool(call, pool);
+    std::visit(f, *p);
+    return DEPOT_SUCCESS;
+  });
+}
+
+// The C callback as a depot::oom_handler (empty for NULL).
+depot::oom_handler oom_handler_of(depot_oom_callback callback, void* user_data)
+{
+  if (callback == nullptr) return {};
+  return [callback, user_data](const depot::out_of_memory& e, unsigned attempt) {
+    return callback(e.what(), e.requested_bytes(), attempt, user_data) != 0;
+  };
 }
 
 template <class D>
@@ -229,13 +315,8 @@ depot_status depot_set_oom_handler(depot_device_kind kind, int device, depot_oom
                                    void* user_data)
 {
   return with_backend(kind, [&]<class D>(D) {
-    depot::oom_handler handler;  // (built inside the guard: a std::function may allocate)
-    if (callback != nullptr) {
-      handler = [callback, user_data](const depot::out_of_memory& e, unsigned attempt) {
-        return callback(e.what(), e.requested_bytes(), attempt, user_data) != 0;
-      };
-    }
-    depot::pool<D>(device).set_oom_handler(std::move(handler));
+    // (built inside the guard: a std::function may allocate)
+    depot::pool<D>(device).set_oom_handler(oom_handler_of(callback, user_data));
   });
 }
 
@@ -250,6 +331,74 @@ depot_status depot_allocate_pinned(depot_device_kind kind, int device, size_t by
 depot_status depot_deallocate_pinned(depot_device_kind kind, int device, void* ptr)
 {
   return with_backend(kind, [&]<class D>(D) { depot::pinned_pool<D>(device).deallocate(ptr); });
+}
+
+depot_status depot_fixed_pool_create(depot_device_kind kind, int device, size_t pool_size, size_t block_size,
+                                     depot_fixed_pool** pool)
+{
+  if (pool == nullptr) return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_fixed_pool_create: pool is NULL");
+  *pool = nullptr;
+  return with_backend(kind, [&]<class D>(D) {
+    auto p = std::make_shared<any_fixed_pool>(std::in_place_type<depot::fixed_pool<D>>, pool_size, block_size,
+                                              device);
+    fixed_pool_table& t = fixed_pools();
+    const std::unique_lock g{t.mu};
+    const std::uintptr_t handle = t.next;
+    t.pools.emplace(handle, std::move(p));  // (may throw: nothing changed then, p freed)
+    ++t.next;
+    *pool = reinterpret_cast<depot_fixed_pool*>(handle);
+  });
+}
+
+depot_status depot_fixed_pool_destroy(depot_fixed_pool* pool)
+{
+  if (pool == nullptr) return DEPOT_SUCCESS;
+  return guarded([&] {
+    std::shared_ptr<any_fixed_pool> p;  // freed after the lock is given back
+    {
+      fixed_pool_table& t = fixed_pools();
+      const std::unique_lock g{t.mu};
+      const auto it = t.pools.find(reinterpret_cast<std::uintptr_t>(pool));
+      if (it == t.pools.end()) not_a_pool("depot_fixed_pool_destroy", pool);
+      p = std::move(it->second);
+      t.pools.erase(it);
+    }
+    return DEPOT_SUCCESS;
+  });
+}
+
+depot_status depot_fixed_pool_allocate(depot_fixed_pool* pool, void** ptr)
+{
+  if (ptr == nullptr) return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_fixed_pool_allocate: ptr is NULL");
+  *ptr = nullptr;
+  return with_fixed_pool("depot_fixed_pool_allocate", pool, [&](auto& p) { *ptr = p.allocate(); });
+}
+
+depot_status depot_fixed_pool_deallocate(depot_fixed_pool* pool, void* ptr)
+{
+  return with_fixed_pool("depot_fixed_pool_deallocate", pool, [&](auto& p) { p.deallocate(ptr); });
+}
+
+depot_status depot_fixed_pool_defragment(depot_fixed_pool* pool)
+{
+  return with_fixed_pool("depot_fixed_pool_defragment", pool, [](auto& p) { p.defragment(); });
+}
+
+depot_status depot_fixed_pool_get_stats(depot_fixed_pool* pool, depot_fixed_pool_stats* stats)
+{
+  if (stats == nullptr) return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_fixed_pool_get_stats: stats is NULL");
+  return with_fixed_pool("depot_fixed_pool_get_stats", pool, [&](auto& p) {
+    const depot::fixed_pool_stats s = p.get_stats();
+    *stats = depot_fixed_pool_stats{s.pool_size,        s.block_size, s.total_blocks, s.used_blocks,
+                                    s.free_blocks,      s.peak_used_blocks, s.hits,   s.misses,
+                                    s.hit_rate,         s.largest_free_run, s.fragmentation};
+  });
+}
+
+depot_status depot_fixed_pool_set_oom_handler(depot_fixed_pool* pool, depot_oom_callback callback, void* user_data)
+{
+  return with_fixed_pool("depot_fixed_pool_set_oom_handler", pool,
+                         [&](auto& p) { p.set_oom_handler(oom_handler_of(callback, user_data)); });
 }
 
 const char* depot_last_error(void) { return last_error.c_str(); }

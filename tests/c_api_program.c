@@ -46,6 +46,24 @@ int main(void)
   EXPECT(strcmp(depot_status_name(DEPOT_ERROR_OUT_OF_MEMORY), "DEPOT_ERROR_OUT_OF_MEMORY") == 0);
   EXPECT(depot_empty_cache(DEPOT_DEVICE_HOST, 0) == DEPOT_SUCCESS);
 
+  /* a fixed pool: its blocks, exhaustion, statistics, a destroyed handle refused */
+  depot_fixed_pool* fp = NULL;
+  void* blocks[2] = {NULL, NULL};
+  void* more = NULL;
+  depot_fixed_pool_stats fs;
+  EXPECT(depot_fixed_pool_create(DEPOT_DEVICE_HOST, 0, 2 * 4096, 4096, &fp) == DEPOT_SUCCESS && fp != NULL);
+  EXPECT(depot_fixed_pool_allocate(fp, &blocks[0]) == DEPOT_SUCCESS && blocks[0] != NULL);
+  EXPECT(depot_fixed_pool_allocate(fp, &blocks[1]) == DEPOT_SUCCESS && blocks[1] != NULL);
+  if (blocks[1] != NULL) memset(blocks[1], 3, 4096);
+  EXPECT(depot_fixed_pool_allocate(fp, &more) == DEPOT_ERROR_OUT_OF_MEMORY && more == NULL);
+  EXPECT(depot_fixed_pool_get_stats(fp, &fs) == DEPOT_SUCCESS);
+  EXPECT(fs.total_blocks == 2 && fs.used_blocks == 2 && fs.hits == 2 && fs.misses == 1);
+  EXPECT(depot_fixed_pool_deallocate(fp, blocks[0]) == DEPOT_SUCCESS);
+  EXPECT(depot_fixed_pool_deallocate(fp, blocks[0]) == DEPOT_ERROR_INVALID_ARGUMENT);
+  EXPECT(depot_fixed_pool_destroy(fp) == DEPOT_SUCCESS);
+  EXPECT(depot_fixed_pool_defragment(fp) == DEPOT_ERROR_INVALID_ARGUMENT);
+  EXPECT(strstr(depot_last_error(), "not a live fixed pool") != NULL);
+
   if (failures == 0) printf("c_api_program: ok\n");
   return failures == 0 ? 0 : 1;
 }

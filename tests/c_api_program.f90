@@ -37,6 +37,9 @@ program c_api_program_f
   integer(c_size_t) :: length
   character(kind=c_char), target :: small(8)
   character(len=:), allocatable :: msg
+  type(c_ptr) :: fp, blocks(4)
+  type(depot_fixed_pool_stats) :: fs
+  integer :: i
 
   call expect(depot_device_count(DEPOT_DEVICE_HOST, count) == DEPOT_SUCCESS .and. count == 1, 'device_count')
   call expect(depot_get_memory_stats(DEPOT_DEVICE_HOST, 0, s0) == DEPOT_SUCCESS, 'stats before')
@@ -100,6 +103,30 @@ program c_api_program_f
   call expect(depot_deallocate_pinned(DEPOT_DEVICE_HOST, 0, p) == DEPOT_SUCCESS, 'pinned free')
   call expect(depot_memory_snapshot_json(DEPOT_DEVICE_HOST, 0, c_null_ptr, 0_c_size_t, length) == DEPOT_SUCCESS &
               .and. length > 20, 'snapshot length')
+
+  ! a fixed pool: 4 blocks of 1000 bytes (rounded up to 1024), all used, then one more refused
+  call expect(depot_fixed_pool_create(DEPOT_DEVICE_HOST, 0, 4096_c_size_t, 1000_c_size_t, fp) == DEPOT_SUCCESS &
+              .and. c_associated(fp), 'fixed pool create')
+  do i = 1, 4
+    call expect(depot_fixed_pool_allocate(fp, blocks(i)) == DEPOT_SUCCESS, 'fixed pool allocate')
+  end do
+  call c_f_pointer(blocks(4), bytes, [1024])
+  bytes = 9_c_int8_t
+  call expect(all(bytes == 9_c_int8_t), 'write a fixed pool block')
+  call expect(depot_fixed_pool_allocate(fp, p) == DEPOT_ERROR_OUT_OF_MEMORY .and. .not. c_associated(p), &
+              'fixed pool exhausted')
+  call expect(depot_fixed_pool_deallocate(fp, blocks(2)) == DEPOT_SUCCESS, 'fixed pool free')
+  call expect(depot_fixed_pool_deallocate(fp, blocks(2)) == DEPOT_ERROR_INVALID_ARGUMENT, 'fixed pool double free')
+  call expect(depot_fixed_pool_defragment(fp) == DEPOT_SUCCESS, 'fixed pool defragment')
+  call expect(depot_fixed_pool_get_stats(fp, fs) == DEPOT_SUCCESS, 'fixed pool stats')
+  ! the struct's layout: each figure where C put it
+  call expect(fs%pool_size == 4096 .and. fs%block_size == 1024 .and. fs%total_blocks == 4, 'fixed pool sizes')
+  call expect(fs%used_blocks == 3 .and. fs%free_blocks == 1 .and. fs%peak_used_blocks == 4, 'fixed pool blocks')
+  call expect(fs%hits == 4 .and. fs%misses == 1 .and. abs(fs%hit_rate - 0.8_c_double) < 1e-12_c_double, &
+              'fixed pool hit rate')
+  call expect(fs%largest_free_run == 1 .and. fs%fragmentation == 0.0_c_double, 'fixed pool fragmentation')
+  call expect(depot_fixed_pool_destroy(fp) == DEPOT_SUCCESS, 'fixed pool destroy')
+  call expect(depot_fixed_pool_allocate(fp, p) == DEPOT_ERROR_INVALID_ARGUMENT, 'a destroyed pool refused')
 
   if (failures /= 0) then
     print '(a, i0, a)', 'c_api_program_f: ', failures, ' failure(s)'

@@ -14,8 +14,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -365,4 +367,272 @@ TEST_CASE_TEMPLATE("c_api: snapshot and trace as JSON, the out-of-memory callbac
   CHECK(depot_deallocate_pinned(k, 0, pinned) == DEPOT_ERROR_INVALID_ARGUMENT);  // a double free
   CHECK(depot_allocate_pinned(k, 0, 64, nullptr, nullptr) == DEPOT_ERROR_INVALID_ARGUMENT);
   CHECK(depot_deallocate(k, 0, held) == DEPOT_SUCCESS);
+}
+
+namespace {
+
+// A fixed pool's out-of-memory callback (user_data points at it): frees `give_back` (once)
+// and retries, or declines.
+struct fixed_oom {
+  depot_fixed_pool* pool = nullptr;
+  void* give_back = nullptr;
+  std::vector<unsigned> attempts;
+  std::size_t requested = 0;
+};
+
+int free_one_and_retry(const char*, size_t requested_bytes, unsigned attempt, void* user_data)
+{
+  auto& c = *static_cast<fixed_oom*>(user_data);
+  c.attempts.push_back(attempt);
+  c.requested = requested_bytes;
+  if (c.give_back == nullptr) return 0;
+  const depot_status s = depot_fixed_pool_deallocate(c.pool, std::exchange(c.give_back, nullptr));
+  return s == DEPOT_SUCCESS ? 1 : 0;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("c_api: a fixed pool's blocks, statistics, defragment and out-of-memory callback", D,
+                   DEPOT_TEST_DEVICES)
+{
+  const depot_device_kind k = kind_of<D>();
+  depot_fixed_pool* fp = nullptr;
+  REQUIRE(depot_fixed_pool_create(k, 0, 10 * 4096 + 100, 4000, &fp) == DEPOT_SUCCESS);
+  REQUIRE(fp != nullptr);
+  depot_fixed_pool_stats st{};
+  REQUIRE(depot_fixed_pool_get_stats(fp, &st) == DEPOT_SUCCESS);
+  CHECK(st.block_size == 4096);  // rounded up to the 256-byte alignment
+  CHECK(st.total_blocks == 10);
+  CHECK(st.pool_size == 10 * 4096);
+  CHECK(st.free_blocks == 10);
+  CHECK(st.used_blocks == 0);
+
+  // Ten distinct, aligned, non-overlapping blocks of device memory, lowest address first.
+  std::vector<void*> blocks;
+  for (int i = 0; i < 10; ++i) {
+    void* p = nullptr;
+    REQUIRE(depot_fixed_pool_allocate(fp, &p) == DEPOT_SUCCESS);
+    CHECK(reinterpret_cast<std::uintptr_t>(p) % 256 == 0);
+    depot::runtime<D>::set_async(p, i + 1, 4096, nullptr);
+    blocks.push_back(p);
+  }
+  depot::runtime<D>::synchronize(0);
+  CHECK(blocks[1] == static_cast<std::byte*>(blocks[0]) + 4096);
+  for (int i = 0; i < 10; ++i) {
+    unsigned char first = 0;
+    unsigned char last = 0;
+    depot::runtime<D>::copy(&first, blocks[static_cast<std::size_t>(i)], 1);
+    depot::runtime<D>::copy(&last, static_cast<std::byte*>(blocks[static_cast<std::size_t>(i)]) + 4095, 1);
+    CHECK(first == i + 1);
+    CHECK(last == i + 1);
+  }
+
+  // Every block in use: out of memory, *ptr NULL, the message says why; counted a miss.
+  void* p = reinterpret_cast<void*>(1);
+  CHECK(depot_fixed_pool_allocate(fp, &p) == DEPOT_ERROR_OUT_OF_MEMORY);
+  CHECK(p == nullptr);
+  CHECK(has(depot_last_error(), "all 10 blocks"));
+  REQUIRE(depot_fixed_pool_get_stats(fp, &st) == DEPOT_SUCCESS);
+  CHECK(st.used_blocks == 10);
+  CHECK(st.peak_used_blocks == 10);
+  CHECK(st.hits == 10);
+  CHECK(st.misses == 1);
+  CHECK(st.hit_rate == doctest::Approx(10.0 / 11.0));
+  CHECK(st.fragmentation == 0.0);
+
+  // The callback: it frees a block and says retry, so the request is served; one that
+  // declines leaves it out of memory (attempt 1 only); NULL removes it.
+  fixed_oom cb;
+  cb.pool = fp;
+  cb.give_back = blocks[3];
+  REQUIRE(depot_fixed_pool_set_oom_handler(fp, &free_one_and_retry, &cb) == DEPOT_SUCCESS);
+  REQUIRE(depot_fixed_pool_allocate(fp, &p) == DEPOT_SUCCESS);
+  CHECK(p == blocks[3]);
+  CHECK(cb.attempts == std::vector<unsigned>{1});
+  CHECK(cb.requested == 4096);
+  cb.attempts.clear();
+  CHECK(depot_fixed_pool_allocate(fp, &p) == DEPOT_ERROR_OUT_OF_MEMORY);  // nothing left to give
+  CHECK(cb.attempts == std::vector<unsigned>{1});
+  REQUIRE(depot_fixed_pool_set_oom_handler(fp, nullptr, nullptr) == DEPOT_SUCCESS);
+  cb.attempts.clear();
+  CHECK(depot_fixed_pool_allocate(fp, &p) == DEPOT_ERROR_OUT_OF_MEMORY);
+  CHECK(cb.attempts.empty());
+
+  // Every other block freed: runs of one free block; defragment hands out the lowest first.
+  for (std::size_t i = 0; i < 10; i += 2) REQUIRE(depot_fixed_pool_deallocate(fp, blocks[i]) == DEPOT_SUCCESS);
+  REQUIRE(depot_fixed_pool_get_stats(fp, &st) == DEPOT_SUCCESS);
+  CHECK(st.free_blocks == 5);
+  CHECK(st.largest_free_run == 1);
+  CHECK(st.fragmentation == doctest::Approx(0.8));
+  CHECK(st.misses == 3);
+  // Bad frees: a double free and a pointer inside a block name the pointer and change
+  // nothing; NULL is a no-op.
+  CHECK(depot_fixed_pool_deallocate(fp, blocks[0]) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "double free"));
+  CHECK(depot_fixed_pool_deallocate(fp, static_cast<std::byte*>(blocks[1]) + 8) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "is not a block of this pool"));
+  CHECK(depot_fixed_pool_deallocate(fp, nullptr) == DEPOT_SUCCESS);
+  REQUIRE(depot_fixed_pool_get_stats(fp, &st) == DEPOT_SUCCESS);
+  CHECK(st.free_blocks == 5);
+  for (std::size_t i = 1; i < 10; i += 2) REQUIRE(depot_fixed_pool_deallocate(fp, blocks[i]) == DEPOT_SUCCESS);
+  REQUIRE(depot_fixed_pool_defragment(fp) == DEPOT_SUCCESS);
+  REQUIRE(depot_fixed_pool_allocate(fp, &p) == DEPOT_SUCCESS);
+  CHECK(p == blocks[0]);
+  REQUIRE(depot_fixed_pool_allocate(fp, &p) == DEPOT_SUCCESS);
+  CHECK(p == blocks[1]);
+
+  // Destroyed (with blocks in use): the handle is refused from then on, and never reused.
+  REQUIRE(depot_fixed_pool_destroy(fp) == DEPOT_SUCCESS);
+  depot_fixed_pool* again = nullptr;
+  REQUIRE(depot_fixed_pool_create(k, 0, 4096, 4096, &again) == DEPOT_SUCCESS);
+  CHECK(again != fp);
+  CHECK(depot_fixed_pool_allocate(fp, &p) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(p == nullptr);
+  CHECK(has(depot_last_error(), "is not a live fixed pool"));
+  CHECK(depot_fixed_pool_destroy(fp) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(depot_fixed_pool_get_stats(fp, &st) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(depot_fixed_pool_destroy(again) == DEPOT_SUCCESS);
+  CHECK(depot_fixed_pool_destroy(nullptr) == DEPOT_SUCCESS);  // a no-op
+}
+
+TEST_CASE_TEMPLATE("c_api: a fixed pool refuses bad input with a status and a message naming it", D,
+                   DEPOT_TEST_DEVICES)
+{
+  const depot_device_kind k = kind_of<D>();
+  const int count = depot::device_count<D>();
+  depot_fixed_pool* fp = reinterpret_cast<depot_fixed_pool*>(1);
+
+  CHECK(depot_fixed_pool_create(k, 0, 4096, 512, nullptr) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "depot_fixed_pool_create: pool is NULL"));
+  // Sizes: a block of 0 bytes or above 2^48, a pool smaller than one block; *pool NULL.
+  CHECK(depot_fixed_pool_create(k, 0, 4096, 0, &fp) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(fp == nullptr);
+  CHECK(has(depot_last_error(), "block_size must be at least 1 byte"));
+  CHECK(depot_fixed_pool_create(k, 0, SIZE_MAX, (std::size_t{1} << 48) + 1, &fp) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "exceeds 2^48 bytes"));
+  CHECK(depot_fixed_pool_create(k, 0, 100, 4096, &fp) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "pool_size 100 is smaller than one block of 4096 bytes"));
+  // More than any device holds: out of memory, nothing made.
+  CHECK(depot_fixed_pool_create(k, 0, std::size_t{1} << 50, 4096, &fp) == DEPOT_ERROR_OUT_OF_MEMORY);
+  CHECK(fp == nullptr);
+  // Devices outside [0, count) and a kind that is none of the three.
+  for (const int bad : {-1, count, INT_MAX}) {
+    CAPTURE(bad);
+    CHECK(depot_fixed_pool_create(k, bad, 4096, 512, &fp) == DEPOT_ERROR_INVALID_ARGUMENT);
+    CHECK(fp == nullptr);
+    CHECK(has(depot_last_error(), "valid indices are [0, " + std::to_string(count) + ")"));
+  }
+  CHECK(depot_fixed_pool_create(static_cast<depot_device_kind>(7), 0, 4096, 512, &fp) ==
+        DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "device kind 7"));
+
+  // Handles that are no pool: NULL, and a made-up one (the address of a local).
+  void* p = reinterpret_cast<void*>(1);
+  CHECK(depot_fixed_pool_allocate(nullptr, &p) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(p == nullptr);
+  CHECK(has(depot_last_error(), "depot_fixed_pool_allocate: pool is NULL"));
+  int local = 0;
+  auto* made_up = reinterpret_cast<depot_fixed_pool*>(&local);
+  CHECK(depot_fixed_pool_deallocate(made_up, &local) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "is not a live fixed pool"));
+  CHECK(depot_fixed_pool_defragment(made_up) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(depot_fixed_pool_set_oom_handler(made_up, nullptr, nullptr) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(depot_fixed_pool_destroy(made_up) == DEPOT_ERROR_INVALID_ARGUMENT);
+
+  // NULL out-pointers on a live pool, and a foreign pointer: refused, the pool unchanged.
+  REQUIRE(depot_fixed_pool_create(k, 0, 4 * 512, 512, &fp) == DEPOT_SUCCESS);
+  CHECK(depot_fixed_pool_allocate(fp, nullptr) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "ptr is NULL"));
+  CHECK(depot_fixed_pool_get_stats(fp, nullptr) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "stats is NULL"));
+  CHECK(depot_fixed_pool_deallocate(fp, &local) == DEPOT_ERROR_INVALID_ARGUMENT);
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "%llx", static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(&local)));
+  CHECK(has(depot_last_error(), hex));
+  depot_fixed_pool_stats st{};
+  REQUIRE(depot_fixed_pool_get_stats(fp, &st) == DEPOT_SUCCESS);
+  CHECK(st.free_blocks == 4);
+  CHECK(st.hits == 0);
+  CHECK(st.misses == 0);
+  CHECK(depot_fixed_pool_destroy(fp) == DEPOT_SUCCESS);
+}
+
+// Threads using one pool while another makes and destroys pools (the handle table's writes
+// beside its reads), and a pool destroyed while a thread is inside a call on it: that call
+// finishes on the pool, later calls are refused. Run under ThreadSanitizer by tools/test.
+TEST_CASE("c_api: fixed pools used, made and destroyed on many threads at once")
+{
+  const std::uint64_t seed = depot::test::seed("c_api fixed pools threads", 41);
+  depot_fixed_pool* shared = nullptr;
+  REQUIRE(depot_fixed_pool_create(DEPOT_DEVICE_HOST, 0, 8 * 512, 512, &shared) == DEPOT_SUCCESS);
+  std::atomic<int> failures{0};
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> users;
+  for (int t = 0; t < 4; ++t) {
+    users.emplace_back([&, t] {
+      std::uint64_t x = seed + static_cast<std::uint64_t>(t);
+      for (int i = 0; i < 500; ++i) {
+        void* p = nullptr;
+        if (depot_fixed_pool_allocate(shared, &p) != DEPOT_SUCCESS) {
+          ++failures;  // 4 threads, 8 blocks, one each at a time: never exhausted
+          continue;
+        }
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        std::memset(p, static_cast<int>(x >> 56), 512);
+        if (static_cast<unsigned char*>(p)[511] != static_cast<unsigned char>(x >> 56)) ++failures;
+        if (depot_fixed_pool_deallocate(shared, p) != DEPOT_SUCCESS) ++failures;
+      }
+    });
+  }
+  std::thread maker([&] {
+    while (!stop.load()) {
+      depot_fixed_pool* mine = nullptr;
+      if (depot_fixed_pool_create(DEPOT_DEVICE_HOST, 0, 2 * 512, 512, &mine) != DEPOT_SUCCESS) ++failures;
+      void* p = nullptr;
+      if (depot_fixed_pool_allocate(mine, &p) != DEPOT_SUCCESS) ++failures;
+      if (depot_fixed_pool_destroy(mine) != DEPOT_SUCCESS) ++failures;  // with a block in use
+      if (depot_fixed_pool_allocate(mine, &p) != DEPOT_ERROR_INVALID_ARGUMENT) ++failures;
+    }
+  });
+  for (auto& u : users) u.join();
+  stop.store(true);
+  maker.join();
+  CHECK(failures.load() == 0);
+  depot_fixed_pool_stats st{};
+  REQUIRE(depot_fixed_pool_get_stats(shared, &st) == DEPOT_SUCCESS);
+  CHECK(st.hits == 4 * 500);
+  CHECK(st.used_blocks == 0);
+
+  // Destroyed while a thread is inside a call on it (its out-of-memory callback, which waits
+  // for the destroy): the call finishes on the pool (the callback's free and the retry
+  // succeed), and the handle is refused after.
+  struct inside {
+    depot_fixed_pool* pool;
+    void* held;
+    std::atomic<int> stage{0};
+  };
+  depot_fixed_pool* doomed = nullptr;
+  REQUIRE(depot_fixed_pool_create(DEPOT_DEVICE_HOST, 0, 512, 512, &doomed) == DEPOT_SUCCESS);
+  inside in{doomed, nullptr};
+  REQUIRE(depot_fixed_pool_allocate(doomed, &in.held) == DEPOT_SUCCESS);
+  const depot_oom_callback wait_then_free = [](const char*, size_t, unsigned, void* user_data) -> int {
+    auto& s = *static_cast<inside*>(user_data);
+    s.stage.store(1);
+    while (s.stage.load() != 2) std::this_thread::yield();  // the pool is destroyed meanwhile
+    return depot_fixed_pool_deallocate(s.pool, s.held) == DEPOT_ERROR_INVALID_ARGUMENT ? 0 : 1;
+  };
+  REQUIRE(depot_fixed_pool_set_oom_handler(doomed, wait_then_free, &in) == DEPOT_SUCCESS);
+  depot_status during = DEPOT_SUCCESS;
+  void* got = nullptr;
+  std::thread caller([&] { during = depot_fixed_pool_allocate(doomed, &got); });
+  while (in.stage.load() != 1) std::this_thread::yield();
+  CHECK(depot_fixed_pool_destroy(doomed) == DEPOT_SUCCESS);
+  in.stage.store(2);
+  caller.join();
+  // The callback's free was refused (the handle is gone), so it declined: the call under way
+  // ended out of memory on a pool that was still whole (no use after free: ASan checks).
+  CHECK(during == DEPOT_ERROR_OUT_OF_MEMORY);
+  CHECK(got == nullptr);
+  CHECK(depot_fixed_pool_allocate(doomed, &got) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(depot_fixed_pool_destroy(shared) == DEPOT_SUCCESS);
 }

@@ -5343,6 +5343,7 @@ TEST_CASE_TEMPLATE("pool: fixed_pool serves equal blocks and reports its use", D
   int local = 0;
   CHECK_THROWS_AS(fp.deallocate(&local), depot::invalid_argument);
   CHECK_THROWS_AS(fp.deallocate(static_cast<std::byte*>(blocks[1]) + 8), depot::invalid_argument);
+  fp.deallocate(nullptr);  // a no-op, as for the caching allocators
   CHECK(fp.get_stats().free_blocks == 5);  // nothing changed
   for (int i = 1; i < 10; i += 2) fp.deallocate(blocks[static_cast<std::size_t>(i)]);
   fp.defragment();

@@ -136,6 +136,54 @@ depot_status depot_set_oom_handler(depot_device_kind kind, int device, depot_oom
 depot_status depot_allocate_pinned(depot_device_kind kind, int device, size_t bytes, void* stream, void** ptr);
 depot_status depot_deallocate_pinned(depot_device_kind kind, int device, void* ptr);
 
+/* A fixed pool (depot::fixed_pool<D>, the Kitsune seed's MemoryPool): pool_size bytes of
+ * the device allocated at creation, cut into blocks of block_size bytes (rounded up to 256,
+ * the alignment of every block); allocation and free are O(1) and never call the backend.
+ * Thread-safe. The handle is the caller's from depot_fixed_pool_create to
+ * depot_fixed_pool_destroy, which returns the memory (blocks still in use become invalid).
+ * Handles are never reused: one that is not a live pool (destroyed, or never made) is
+ * DEPOT_ERROR_INVALID_ARGUMENT, and a call under way on another thread when the pool is
+ * destroyed finishes on it first. */
+typedef struct depot_fixed_pool depot_fixed_pool;
+
+/* depot::fixed_pool_stats, field for field. hit_rate = hits / (hits + misses), a miss
+ * being a request that failed; fragmentation = 1 - largest_free_run / free_blocks. */
+typedef struct depot_fixed_pool_stats {
+  size_t pool_size;
+  size_t block_size;
+  size_t total_blocks;
+  size_t used_blocks;
+  size_t free_blocks;
+  size_t peak_used_blocks;
+  int64_t hits;
+  int64_t misses;
+  double hit_rate;
+  size_t largest_free_run;
+  double fragmentation;
+} depot_fixed_pool_stats;
+
+/* *pool = a new fixed pool on `device` of backend `kind` (NULL on an error: a block_size of
+ * 0 or above 2^48 bytes, a pool_size below one block, a bad device, out of memory). */
+depot_status depot_fixed_pool_create(depot_device_kind kind, int device, size_t pool_size, size_t block_size,
+                                     depot_fixed_pool** pool);
+/* Returns the pool's memory; NULL is a no-op. */
+depot_status depot_fixed_pool_destroy(depot_fixed_pool* pool);
+/* *ptr = a free block (lowest address first after depot_fixed_pool_defragment). When
+ * every block is in use: the pool's out-of-memory callback, if set, then
+ * DEPOT_ERROR_OUT_OF_MEMORY with *ptr NULL (counted in misses). */
+depot_status depot_fixed_pool_allocate(depot_fixed_pool* pool, void** ptr);
+/* NULL is a no-op; a pointer that is not a block of the pool in use (a double free, a
+ * foreign pointer, a pointer inside a block) is DEPOT_ERROR_INVALID_ARGUMENT and changes
+ * nothing. */
+depot_status depot_fixed_pool_deallocate(depot_fixed_pool* pool, void* ptr);
+/* Orders the free blocks so that the next allocations come lowest address first. */
+depot_status depot_fixed_pool_defragment(depot_fixed_pool* pool);
+depot_status depot_fixed_pool_get_stats(depot_fixed_pool* pool, depot_fixed_pool_stats* stats);
+/* Called as depot_set_oom_handler's callback (no lock of the pool held: it may free blocks
+ * of the pool), when every block is in use; nonzero tries again. NULL removes it. */
+depot_status depot_fixed_pool_set_oom_handler(depot_fixed_pool* pool, depot_oom_callback callback,
+                                              void* user_data);
+
 /* The message of the calling thread's last failed call ("" if none failed yet); valid
  * until its next failed call. */
 const char* depot_last_error(void);

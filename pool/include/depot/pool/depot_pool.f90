@@ -37,6 +37,18 @@ module depot_pool
     real(c_double) :: fragmentation
   end type depot_memory_stats
 
+  ! depot_fixed_pool_stats (a fixed pool's handle is a type(c_ptr))
+  type, bind(c), public :: depot_fixed_pool_stats
+    integer(c_size_t) :: pool_size, block_size, total_blocks, used_blocks, free_blocks, peak_used_blocks
+    integer(c_int64_t) :: hits, misses
+    real(c_double) :: hit_rate
+    integer(c_size_t) :: largest_free_run
+    real(c_double) :: fragmentation
+  end type depot_fixed_pool_stats
+
+  public :: depot_fixed_pool_create, depot_fixed_pool_destroy, depot_fixed_pool_allocate, &
+            depot_fixed_pool_deallocate, depot_fixed_pool_defragment, depot_fixed_pool_get_stats, &
+            depot_fixed_pool_set_oom_handler
   public :: depot_device_count, depot_allocate, depot_deallocate, depot_deallocate_on, &
             depot_record_stream, depot_empty_cache, depot_reset_peak_stats, depot_reset_memory_stats, &
             depot_get_memory_stats, depot_memory_summary, depot_memory_snapshot_json, &
@@ -159,6 +171,50 @@ module depot_pool
       integer(c_int), value :: kind, device
       type(c_ptr), value :: ptr
     end function depot_deallocate_pinned
+
+    integer(c_int) function depot_fixed_pool_create(kind, device, pool_size, block_size, pool) &
+        bind(c, name='depot_fixed_pool_create')
+      import :: c_int, c_size_t, c_ptr
+      integer(c_int), value :: kind, device
+      integer(c_size_t), value :: pool_size, block_size
+      type(c_ptr), intent(out) :: pool
+    end function depot_fixed_pool_create
+
+    integer(c_int) function depot_fixed_pool_destroy(pool) bind(c, name='depot_fixed_pool_destroy')
+      import :: c_int, c_ptr
+      type(c_ptr), value :: pool
+    end function depot_fixed_pool_destroy
+
+    integer(c_int) function depot_fixed_pool_allocate(pool, ptr) bind(c, name='depot_fixed_pool_allocate')
+      import :: c_int, c_ptr
+      type(c_ptr), value :: pool
+      type(c_ptr), intent(out) :: ptr
+    end function depot_fixed_pool_allocate
+
+    integer(c_int) function depot_fixed_pool_deallocate(pool, ptr) bind(c, name='depot_fixed_pool_deallocate')
+      import :: c_int, c_ptr
+      type(c_ptr), value :: pool, ptr
+    end function depot_fixed_pool_deallocate
+
+    integer(c_int) function depot_fixed_pool_defragment(pool) bind(c, name='depot_fixed_pool_defragment')
+      import :: c_int, c_ptr
+      type(c_ptr), value :: pool
+    end function depot_fixed_pool_defragment
+
+    integer(c_int) function depot_fixed_pool_get_stats(pool, stats) bind(c, name='depot_fixed_pool_get_stats')
+      import :: c_int, c_ptr, depot_fixed_pool_stats
+      type(c_ptr), value :: pool
+      type(depot_fixed_pool_stats), intent(out) :: stats
+    end function depot_fixed_pool_get_stats
+
+    ! callback: as depot_set_oom_handler's
+    integer(c_int) function depot_fixed_pool_set_oom_handler(pool, callback, user_data) &
+        bind(c, name='depot_fixed_pool_set_oom_handler')
+      import :: c_int, c_ptr, c_funptr
+      type(c_ptr), value :: pool
+      type(c_funptr), value :: callback
+      type(c_ptr), value :: user_data
+    end function depot_fixed_pool_set_oom_handler
 
     type(c_ptr) function depot_last_error() bind(c, name='depot_last_error')
       import :: c_ptr

@@ -116,10 +116,12 @@ class fixed_pool {
     on_oom_.swap(h);
   }
 
-  // A pointer that is not a block of this pool, or a block that is not in use, throws
-  // depot::invalid_argument and changes nothing.
+  // nullptr is a no-op (as for the caching allocators). A pointer that is not a block of
+  // this pool, or a block that is not in use, throws depot::invalid_argument and changes
+  // nothing.
   void deallocate(void* ptr)
   {
+    if (ptr == nullptr) return;
     std::lock_guard g{mu_};
     const auto p = reinterpret_cast<std::uintptr_t>(ptr);
     const auto b = reinterpret_cast<std::uintptr_t>(base_);
