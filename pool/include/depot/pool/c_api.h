@@ -142,8 +142,8 @@ depot_status depot_deallocate_pinned(depot_device_kind kind, int device, void* p
  * Thread-safe. The handle is the caller's from depot_fixed_pool_create to
  * depot_fixed_pool_destroy, which returns the memory (blocks still in use become invalid).
  * Handles are never reused: one that is not a live pool (destroyed, or never made) is
- * DEPOT_ERROR_INVALID_ARGUMENT, and a call under way on another thread when the pool is
- * destroyed finishes on it first. */
+ * DEPOT_ERROR_INVALID_ARGUMENT. A destroy does not wait: calls already under way on other
+ * threads finish on the pool, which is freed when the last of them returns. */
 typedef struct depot_fixed_pool depot_fixed_pool;
 
 /* depot::fixed_pool_stats, field for field. hit_rate = hits / (hits + misses), a miss
