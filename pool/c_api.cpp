@@ -333,6 +333,23 @@ depot_status depot_deallocate_pinned(depot_device_kind kind, int device, void* p
   return with_backend(kind, [&]<class D>(D) { depot::pinned_pool<D>(device).deallocate(ptr); });
 }
 
+depot_status depot_begin_capture(depot_device_kind kind, int device, void* stream, uint64_t pool,
+                                 uint64_t* pool_out)
+{
+  if (pool_out == nullptr) return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_begin_capture: pool_out is NULL");
+  return with_backend(kind, [&]<class D>(D) { *pool_out = depot::pool<D>(device).begin_capture(ref<D>(stream), pool); });
+}
+
+depot_status depot_end_capture(depot_device_kind kind, int device, void* stream)
+{
+  return with_backend(kind, [&]<class D>(D) { depot::pool<D>(device).end_capture(ref<D>(stream)); });
+}
+
+depot_status depot_release_capture_pool(depot_device_kind kind, int device, uint64_t pool)
+{
+  return with_backend(kind, [&]<class D>(D) { depot::pool<D>(device).release_capture_pool(pool); });
+}
+
 depot_status depot_fixed_pool_create(depot_device_kind kind, int device, size_t pool_size, size_t block_size,
                                      depot_fixed_pool** pool)
 {

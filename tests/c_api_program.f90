@@ -40,6 +40,7 @@ program c_api_program_f
   type(c_ptr) :: fp, blocks(4)
   type(depot_fixed_pool_stats) :: fs
   integer :: i
+  integer(c_int64_t) :: cp
 
   call expect(depot_device_count(DEPOT_DEVICE_HOST, count) == DEPOT_SUCCESS .and. count == 1, 'device_count')
   call expect(depot_get_memory_stats(DEPOT_DEVICE_HOST, 0, s0) == DEPOT_SUCCESS, 'stats before')
@@ -103,6 +104,15 @@ program c_api_program_f
   call expect(depot_deallocate_pinned(DEPOT_DEVICE_HOST, 0, p) == DEPOT_SUCCESS, 'pinned free')
   call expect(depot_memory_snapshot_json(DEPOT_DEVICE_HOST, 0, c_null_ptr, 0_c_size_t, length) == DEPOT_SUCCESS &
               .and. length > 20, 'snapshot length')
+
+  ! a graph capture's pool (the default stream): its allocations apart until released
+  call expect(depot_begin_capture(DEPOT_DEVICE_HOST, 0, c_null_ptr, 0_c_int64_t, cp) == DEPOT_SUCCESS &
+              .and. cp /= 0, 'begin_capture')
+  call expect(depot_empty_cache(DEPOT_DEVICE_HOST, 0) == DEPOT_ERROR_INVALID_ARGUMENT, 'no release in a capture')
+  call expect(depot_end_capture(DEPOT_DEVICE_HOST, 0, c_null_ptr) == DEPOT_SUCCESS, 'end_capture')
+  call expect(depot_release_capture_pool(DEPOT_DEVICE_HOST, 0, cp + 5) == DEPOT_ERROR_INVALID_ARGUMENT, &
+              'an unknown capture pool refused')
+  call expect(depot_release_capture_pool(DEPOT_DEVICE_HOST, 0, cp) == DEPOT_SUCCESS, 'release_capture_pool')
 
   ! a fixed pool: 4 blocks of 1000 bytes (rounded up to 1024), all used, then one more refused
   call expect(depot_fixed_pool_create(DEPOT_DEVICE_HOST, 0, 4096_c_size_t, 1000_c_size_t, fp) == DEPOT_SUCCESS &

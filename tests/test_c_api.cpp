@@ -636,3 +636,62 @@ TEST_CASE("c_api: fixed pools used, made and destroyed on many threads at once")
   CHECK(depot_fixed_pool_allocate(doomed, &got) == DEPOT_ERROR_INVALID_ARGUMENT);
   CHECK(depot_fixed_pool_destroy(shared) == DEPOT_SUCCESS);
 }
+
+TEST_CASE_TEMPLATE("c_api: a graph capture's allocations come from its own pool until released", D,
+                   DEPOT_TEST_DEVICES)
+{
+  const depot_device_kind k = kind_of<D>();
+  auto& pool = depot::pool<D>(0);
+  depot::stream<D> s;
+  const auto capture_pool_of = [&](const void* p) {
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    for (const auto& seg : pool.snapshot().segments) {
+      if (at >= seg.address && at < seg.address + seg.size) return seg.capture_pool;
+    }
+    FAIL("no segment holds the pointer");
+    return std::uint64_t{0};
+  };
+  // A block freed on s before: a capture must not reuse it.
+  void* before = nullptr;
+  REQUIRE(depot_allocate(k, 0, 3 << 20, s.native(), &before) == DEPOT_SUCCESS);
+  REQUIRE(depot_deallocate(k, 0, before) == DEPOT_SUCCESS);
+
+  std::uint64_t cp = 0;
+  REQUIRE(depot_begin_capture(k, 0, s.native(), 0, &cp) == DEPOT_SUCCESS);
+  CHECK(cp != 0);
+  void* inside = nullptr;
+  REQUIRE(depot_allocate(k, 0, 3 << 20, s.native(), &inside) == DEPOT_SUCCESS);
+  CHECK(inside != before);
+  CHECK(capture_pool_of(inside) == cp);
+  // While a capture is under way nothing is released: refused, with the reason.
+  CHECK(depot_empty_cache(k, 0) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "capture"));
+  // A second capture on the same stream, and an unknown pool to share: refused.
+  std::uint64_t other = 0;
+  CHECK(depot_begin_capture(k, 0, s.native(), 0, &other) == DEPOT_ERROR_INVALID_ARGUMENT);
+  depot::stream<D> s2;
+  CHECK(depot_begin_capture(k, 0, s2.native(), cp + 1000, &other) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), std::to_string(cp + 1000)));
+  REQUIRE(depot_deallocate(k, 0, inside) == DEPOT_SUCCESS);
+  REQUIRE(depot_end_capture(k, 0, s.native()) == DEPOT_SUCCESS);
+  // The pool keeps its memory after the capture (a replay uses it) until released.
+  REQUIRE(pool.capture_pools().size() == 1);
+  CHECK(pool.capture_pools()[0].first == cp);
+  CHECK(capture_pool_of(inside) == cp);
+  void* after = nullptr;
+  REQUIRE(depot_allocate(k, 0, 3 << 20, s.native(), &after) == DEPOT_SUCCESS);
+  CHECK(capture_pool_of(after) == 0);  // the stream's own cache again
+  REQUIRE(depot_deallocate(k, 0, after) == DEPOT_SUCCESS);
+  REQUIRE(depot_release_capture_pool(k, 0, cp) == DEPOT_SUCCESS);
+  CHECK(pool.capture_pools().empty());
+  CHECK(capture_pool_of(inside) == 0);  // back to the allocator
+
+  // Calls out of order and bad input: refused, changing nothing.
+  CHECK(depot_end_capture(k, 0, s.native()) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(depot_release_capture_pool(k, 0, cp) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(depot_begin_capture(k, 0, s.native(), 0, nullptr) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "pool_out is NULL"));
+  CHECK(depot_begin_capture(k, -1, s.native(), 0, &other) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(pool.capture_pools().empty());
+  CHECK(depot_empty_cache(k, 0) == DEPOT_SUCCESS);
+}

@@ -136,6 +136,20 @@ depot_status depot_set_oom_handler(depot_device_kind kind, int device, depot_oom
 depot_status depot_allocate_pinned(depot_device_kind kind, int device, size_t bytes, void* stream, void** ptr);
 depot_status depot_deallocate_pinned(depot_device_kind kind, int device, void* ptr);
 
+/* Graph capture (caching_allocator::begin_capture), for a code that captures work on
+ * `stream` into a CUDA or HIP graph itself: call depot_begin_capture just before the
+ * backend's capture begins (cudaStreamBeginCapture). Allocations on `stream` then come from
+ * a capture pool, *pool_out: a new one (pool 0), or `pool`, an earlier call's not yet
+ * released, to share its memory (graphs replayed one after another in capture order).
+ * While any capture is under way the allocators of the backend wait for no event and
+ * release nothing (depot_empty_cache is refused). depot_end_capture after the backend's
+ * capture ended; depot_release_capture_pool once no graph of that use will run again (one
+ * call per depot_begin_capture), when its memory returns to the allocator. */
+depot_status depot_begin_capture(depot_device_kind kind, int device, void* stream, uint64_t pool,
+                                 uint64_t* pool_out);
+depot_status depot_end_capture(depot_device_kind kind, int device, void* stream);
+depot_status depot_release_capture_pool(depot_device_kind kind, int device, uint64_t pool);
+
 /* A fixed pool (depot::fixed_pool<D>, the Kitsune seed's MemoryPool): pool_size bytes of
  * the device allocated at creation, cut into blocks of block_size bytes (rounded up to 256,
  * the alignment of every block); allocation and free are O(1) and never call the backend.

@@ -46,6 +46,7 @@ module depot_pool
     real(c_double) :: fragmentation
   end type depot_fixed_pool_stats
 
+  public :: depot_begin_capture, depot_end_capture, depot_release_capture_pool
   public :: depot_fixed_pool_create, depot_fixed_pool_destroy, depot_fixed_pool_allocate, &
             depot_fixed_pool_deallocate, depot_fixed_pool_defragment, depot_fixed_pool_get_stats, &
             depot_fixed_pool_set_oom_handler
@@ -171,6 +172,28 @@ module depot_pool
       integer(c_int), value :: kind, device
       type(c_ptr), value :: ptr
     end function depot_deallocate_pinned
+
+    ! pool, pool_out: a capture pool's id (C: uint64_t; 0 asks for a new pool)
+    integer(c_int) function depot_begin_capture(kind, device, stream, pool, pool_out) &
+        bind(c, name='depot_begin_capture')
+      import :: c_int, c_int64_t, c_ptr
+      integer(c_int), value :: kind, device
+      type(c_ptr), value :: stream
+      integer(c_int64_t), value :: pool
+      integer(c_int64_t), intent(out) :: pool_out
+    end function depot_begin_capture
+
+    integer(c_int) function depot_end_capture(kind, device, stream) bind(c, name='depot_end_capture')
+      import :: c_int, c_ptr
+      integer(c_int), value :: kind, device
+      type(c_ptr), value :: stream
+    end function depot_end_capture
+
+    integer(c_int) function depot_release_capture_pool(kind, device, pool) bind(c, name='depot_release_capture_pool')
+      import :: c_int, c_int64_t
+      integer(c_int), value :: kind, device
+      integer(c_int64_t), value :: pool
+    end function depot_release_capture_pool
 
     integer(c_int) function depot_fixed_pool_create(kind, device, pool_size, block_size, pool) &
         bind(c, name='depot_fixed_pool_create')
