@@ -3,6 +3,7 @@
 #include <depot/hal/device_id.hpp>
 #include <depot/hal/error.hpp>
 #include <depot/hal/expects.hpp>
+#include <depot/hal/format_address.hpp>
 #include <depot/hal/format_bytes.hpp>
 #include <depot/hal/invalid_argument.hpp>
 #include <depot/hal/out_of_memory.hpp>
@@ -53,6 +54,13 @@ std::string format_bytes(std::size_t bytes)
   std::array<char, 32> buffer{};
   const int precision = value < 10 ? 2 : value < 100 ? 1 : 0;
   std::snprintf(buffer.data(), buffer.size(), "%.*f %s", precision, value, units[unit]);
+  return buffer.data();
+}
+
+std::string format_address(std::uintptr_t address)
+{
+  std::array<char, 24> buffer{};
+  std::snprintf(buffer.data(), buffer.size(), "0x%llx", static_cast<unsigned long long>(address));
   return buffer.data();
 }
 

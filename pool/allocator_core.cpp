@@ -32,6 +32,7 @@
 // streams come and go; one of a live stream's (the smallest that fits) before growing past
 // steal_threshold (default 0: always), else when growing is refused.
 #include <depot/hal/expects.hpp>
+#include <depot/hal/format_address.hpp>
 #include <depot/hal/format_bytes.hpp>
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/hal/stream_registry.hpp>
@@ -54,7 +55,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -94,13 +94,6 @@ std::uint64_t now_ns()
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                         std::chrono::steady_clock::now().time_since_epoch())
                                         .count());
-}
-
-std::string hex(std::uintptr_t v)
-{
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
 }
 
 struct segment;
@@ -2749,7 +2742,7 @@ struct allocator_core::impl {
     const auto allocated = static_cast<std::size_t>(st.allocated_bytes.all.current);
     std::ostringstream msg;
     msg << "depot: " << dev.to_string() << " out of memory: tried to allocate "
-        << format_bytes(bytes) << " (" << bytes << " bytes) on stream " << hex(reinterpret_cast<std::uintptr_t>(s))
+        << format_bytes(bytes) << " (" << bytes << " bytes) on stream " << format_address(s)
         << "; " << cause << ". The device has " << device_state << "; depot holds "
         << format_bytes(reserved) << " reserved, of which " << format_bytes(allocated)
         << " allocated and " << format_bytes(reserved - allocated)
@@ -3151,7 +3144,7 @@ struct allocator_core::impl {
       if (auto found = lookup_in(*c, ptr, erase); found.first.found()) return found;
     }
     throw invalid_argument("depot: " + dev.to_string() + " caching allocator: pointer " +
-                           hex(reinterpret_cast<std::uintptr_t>(ptr)) +
+                           format_address(ptr) +
                            " is not a live allocation of this allocator (a double free, or "
                            "memory from elsewhere); nothing was changed");
   }
@@ -3467,7 +3460,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
   if (expected_bytes != 0 && expected_bytes != requested) {
     put_back();
     throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: deallocate(" +
-                           hex(addr) + ", " + std::to_string(expected_bytes) +
+                           format_address(addr) + ", " + std::to_string(expected_bytes) +
                            " bytes): the allocation was " + std::to_string(requested) +
                            " bytes; nothing was changed");
   }
@@ -3505,7 +3498,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
     // queried. The block waits, pending, until the last capture ends (after_captures()).
     if (uses->size() > 0xFFFF) {
       put_back();
-      throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: block " + hex(addr) +
+      throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: block " + format_address(addr) +
                              " was used on more than 65535 streams; nothing was changed");
     }
     try {
@@ -3574,7 +3567,7 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
     m.caches.reserve(m.caches.size() + 1);
     if (const impl::capture_state* p = m.capturing_on(stream)) {
       throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: begin_capture on stream " +
-                             hex(reinterpret_cast<std::uintptr_t>(stream)) + ", which is capturing into " +
+                             format_address(stream) + ", which is capturing into " +
                              pool_name(p->pool) + " already (end_capture first); nothing was changed");
     }
     impl::capture_state* st = nullptr;
@@ -3588,7 +3581,7 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
       if (st->capturing) {
         throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: begin_capture into " +
                                pool_name(pool) + ", which is capturing on stream " +
-                               hex(reinterpret_cast<std::uintptr_t>(st->stream)) +
+                               format_address(st->stream) +
                                " (one capture per pool at a time); nothing was changed");
       }
     }
@@ -3638,7 +3631,7 @@ void allocator_core::end_capture(native_stream stream)
     impl::capture_state* st = m.capturing_on(stream);
     if (st == nullptr) {
       throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: end_capture on stream " +
-                             hex(reinterpret_cast<std::uintptr_t>(stream)) +
+                             format_address(stream) +
                              ", which is not capturing here (no begin_capture on it, or ended already); "
                              "nothing was changed");
     }
@@ -3672,7 +3665,7 @@ void allocator_core::release_capture_pool(std::uint64_t pool)
     if (st->capturing && st->users == 1) {
       throw invalid_argument("depot: " + m.dev.to_string() + " caching allocator: release_capture_pool(" +
                              std::to_string(pool) + "): its last use, and it is capturing on stream " +
-                             hex(reinterpret_cast<std::uintptr_t>(st->stream)) +
+                             format_address(st->stream) +
                              " (end_capture first); nothing was changed");
     }
     if (--st->users > 0) return;  // other graphs still use it
@@ -3715,7 +3708,7 @@ ipc_handle allocator_core::ipc_export(void* ptr)
     for (std::size_t i = first; i < end; ++i) fresh += i >= s.shared.size() || s.shared[i].fd < 0 ? 1 : 0;
     if (fresh > 0) {
       if (const std::string why = detail::descriptor_shortage(fresh); !why.empty()) {
-        throw error("depot: " + m.dev.to_string() + " ipc_export(" + hex(addr) + "): a block of " +
+        throw error("depot: " + m.dev.to_string() + " ipc_export(" + format_address(addr) + "): a block of " +
                         std::to_string(end - first) + " pages of an expandable segment " + why + "; nothing was exported",
                     "ipc_export", __FILE__, __LINE__, EMFILE, "ipc");
       }

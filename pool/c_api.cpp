@@ -5,6 +5,7 @@
 #include <depot/config.hpp>
 #include <depot/hal/device.hpp>
 #include <depot/hal/error.hpp>
+#include <depot/hal/format_address.hpp>
 #include <depot/hal/invalid_argument.hpp>
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/hal/runtime.hpp>
@@ -18,7 +19,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -126,18 +126,11 @@ fixed_pool_table& fixed_pools()
   return *t;
 }
 
-std::string handle_text(const depot_fixed_pool* pool)
-{
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%p", static_cast<const void*>(pool));
-  return buf;
-}
-
 [[noreturn]] void not_a_pool(const char* call, const depot_fixed_pool* pool)
 {
   throw std::invalid_argument(std::string{call} + ": " +
                               (pool == nullptr ? std::string{"pool is NULL"}
-                                               : "pool " + handle_text(pool) +
+                                               : "pool " + depot::format_address(pool) +
                                                      " is not a live fixed pool (destroyed, or not made by "
                                                      "depot_fixed_pool_create)"));
 }

@@ -3,6 +3,7 @@
 // The C interface (depot/pool/c_api.h) over the process-wide allocators: what it hands out
 // is the C++ pool's, its statistics are the C++ pool's field for field, and bad input gets
 // a status and a message for the calling thread, never an exception, changing nothing.
+#include "snapshot_queries.hpp"
 #include "test_devices.hpp"
 
 #include <doctest/doctest.h>
@@ -643,14 +644,7 @@ TEST_CASE_TEMPLATE("c_api: a graph capture's allocations come from its own pool 
   const depot_device_kind k = kind_of<D>();
   auto& pool = depot::pool<D>(0);
   depot::stream<D> s;
-  const auto capture_pool_of = [&](const void* p) {
-    const auto at = reinterpret_cast<std::uintptr_t>(p);
-    for (const auto& seg : pool.snapshot().segments) {
-      if (at >= seg.address && at < seg.address + seg.size) return seg.capture_pool;
-    }
-    FAIL("no segment holds the pointer");
-    return std::uint64_t{0};
-  };
+  const auto capture_pool_of = [&](const void* p) { return depot::test::capture_pool_of(pool.snapshot(), p); };
   // A block freed on s before: a capture must not reuse it.
   void* before = nullptr;
   REQUIRE(depot_allocate(k, 0, 3 << 20, s.native(), &before) == DEPOT_SUCCESS);

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#include "snapshot_queries.hpp"
 #include "test_devices.hpp"
 
 #include <doctest/doctest.h>
@@ -2008,6 +2009,8 @@ TEST_CASE("pool: ipc_send and ipc_receive with a timeout, and on non-blocking so
 
 namespace {
 
+using depot::test::capture_pool_of;
+
 // One subcase per kind of block (large pool, dense small segment, linked small segment):
 // a request size of that kind.
 std::size_t each_block_kind()
@@ -2017,17 +2020,6 @@ std::size_t each_block_kind()
   SUBCASE("dense small segment") { n = 4 * KiB; }
   SUBCASE("linked small segment") { n = 256 * KiB; }
   return n;
-}
-
-// The capture pool of the snapshot's segment that holds p (0: a stream's cache holds it).
-std::uint64_t capture_pool_of(const depot::allocator_snapshot& snap, const void* p)
-{
-  const auto at = reinterpret_cast<std::uintptr_t>(p);
-  for (const auto& seg : snap.segments) {
-    if (at >= seg.address && at < seg.address + seg.size) return seg.capture_pool;
-  }
-  FAIL("no segment holds the pointer");
-  return 0;
 }
 
 // Blocks freed that wait for other streams' events (state pending_free), by a snapshot.

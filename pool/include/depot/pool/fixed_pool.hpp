@@ -5,6 +5,7 @@
 #include <depot/hal/device.hpp>
 #include <depot/hal/device_id.hpp>
 #include <depot/hal/expects.hpp>
+#include <depot/hal/format_address.hpp>
 #include <depot/hal/format_bytes.hpp>
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/hal/runtime.hpp>
@@ -128,7 +129,7 @@ class fixed_pool {
     const bool inside = p >= b && p < b + pool_size_ && (p - b) % block_size_ == 0;
     const std::size_t i = inside ? (p - b) / block_size_ : 0;
     DEPOT_EXPECTS(inside && used_[i],
-                  "depot::fixed_pool: " + pointer_text(p) +
+                  "depot::fixed_pool: " + format_address(p) +
                       (inside ? " is a block that is not in use (double free?)"
                               : " is not a block of this pool"));
     used_[i] = false;
@@ -177,12 +178,6 @@ class fixed_pool {
     return out_of_memory("depot::fixed_pool " + device_id::of<D>(device_).to_string() + ": all " +
                              std::to_string(blocks_) + " blocks of " + format_bytes(block_size_) + " are in use",
                          block_size_, device_id::of<D>(device_));
-  }
-  static std::string pointer_text(std::uintptr_t p)
-  {
-    char buf[24];
-    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(p));
-    return buf;
   }
 
   int device_;
