@@ -13,6 +13,8 @@
 #include <depot/pool/c_api.h>
 #include <depot/pool/caching_allocator.hpp>
 #include <depot/pool/fixed_pool.hpp>
+#include <depot/pool/ipc_handle.hpp>
+#include <depot/pool/ipc_mapping.hpp>
 #include <depot/pool/memory_stats.hpp>
 #include <depot/pool/oom_handler.hpp>
 #include <depot/pool/pool.hpp>
@@ -71,6 +73,10 @@ depot_status guarded(F&& f) noexcept
   }
 }
 
+static_assert(static_cast<int>(depot::device_kind::host) == DEPOT_DEVICE_HOST &&
+              static_cast<int>(depot::device_kind::cuda) == DEPOT_DEVICE_CUDA &&
+              static_cast<int>(depot::device_kind::hip) == DEPOT_DEVICE_HIP);
+
 // Runs f(D{}) for the backend `kind` names, turning what it throws into a status.
 template <class F>
 depot_status with_backend(depot_device_kind kind, F&& f) noexcept
@@ -99,40 +105,84 @@ depot_status with_backend(depot_device_kind kind, F&& f) noexcept
   });
 }
 
-// A fixed pool of whichever backend its handle was made for (this build has at most one
-// GPU backend).
-using any_fixed_pool = std::variant<depot::fixed_pool<depot::host>
+// A T<D> of whichever backend of this build (the host, and at most one GPU backend).
+template <template <depot::device> class T>
+using any_backend = std::variant<T<depot::host>
 #if DEPOT_HAS_CUDA
-                                    , depot::fixed_pool<depot::cuda>
+                                 , T<depot::cuda>
 #endif
 #if DEPOT_HAS_HIP
-                                    , depot::fixed_pool<depot::hip>
+                                 , T<depot::hip>
 #endif
-                                    >;
+                                 >;
 
-// The live fixed pools by handle. A handle is a number that is never reused (not an
-// address, which a later pool could take), so a destroyed or made-up handle is refused,
-// never mistaken for another pool. A call holds its own reference to the pool, so a destroy
-// on another thread frees the pool after the calls under way end. Never destroyed (a pool
-// left at exit is not freed during static destruction, after the backend may be gone).
-struct fixed_pool_table {
-  std::shared_mutex mu;
-  std::unordered_map<std::uintptr_t, std::shared_ptr<any_fixed_pool>> pools;
-  std::uintptr_t next = 1;
+// A fixed pool of whichever backend its handle was made for.
+using any_fixed_pool = any_backend<depot::fixed_pool>;
+
+// Live objects the C interface hands out by handle (fixed pools, IPC mappings). A handle is
+// a number that is never reused (not an address, which a later object could take), so a
+// destroyed or made-up handle is refused, never mistaken for another object. A call holds
+// its own reference, so a destroy on another thread frees the object after the calls under
+// way end. Never destroyed (an object left at exit is not freed during static destruction,
+// after the backend may be gone). `noun`, `live` and `maker` word the refusal: "pool 0x2 is
+// not a live fixed pool (destroyed, or not made by depot_fixed_pool_create)".
+template <class T>
+class handle_table {
+ public:
+  handle_table(const char* noun, const char* live, const char* maker) : noun_{noun}, live_{live}, maker_{maker} {}
+
+  // The new object's handle (may throw: nothing is kept then).
+  std::uintptr_t add(std::shared_ptr<T> object)
+  {
+    const std::unique_lock g{mu_};
+    const std::uintptr_t handle = next_;
+    items_.emplace(handle, std::move(object));
+    ++next_;
+    return handle;
+  }
+  // The object behind `handle`, for one call; invalid_argument naming `call` if none.
+  std::shared_ptr<T> find(const char* call, const void* handle) const
+  {
+    {
+      const std::shared_lock g{mu_};
+      if (const auto it = items_.find(reinterpret_cast<std::uintptr_t>(handle)); it != items_.end()) {
+        return it->second;
+      }
+    }
+    refuse(call, handle);
+  }
+  // Removes `handle`: its object, freed by the caller after the lock (or by the last call
+  // under way); invalid_argument naming `call` if none.
+  std::shared_ptr<T> take(const char* call, const void* handle)
+  {
+    const std::unique_lock g{mu_};
+    const auto it = items_.find(reinterpret_cast<std::uintptr_t>(handle));
+    if (it == items_.end()) refuse(call, handle);
+    std::shared_ptr<T> object = std::move(it->second);
+    items_.erase(it);
+    return object;
+  }
+
+ private:
+  [[noreturn]] void refuse(const char* call, const void* handle) const
+  {
+    throw std::invalid_argument(std::string{call} + ": " + noun_ +
+                                (handle == nullptr ? std::string{" is NULL"}
+                                                   : " " + depot::format_address(handle) + " is not " + live_ +
+                                                         " (not made by " + maker_ + ", or given back)"));
+  }
+  const char* noun_;
+  const char* live_;
+  const char* maker_;
+  mutable std::shared_mutex mu_;
+  std::unordered_map<std::uintptr_t, std::shared_ptr<T>> items_;
+  std::uintptr_t next_ = 1;
 };
-fixed_pool_table& fixed_pools()
-{
-  static auto* t = new fixed_pool_table;
-  return *t;
-}
 
-[[noreturn]] void not_a_pool(const char* call, const depot_fixed_pool* pool)
+handle_table<any_fixed_pool>& fixed_pools()
 {
-  throw std::invalid_argument(std::string{call} + ": " +
-                              (pool == nullptr ? std::string{"pool is NULL"}
-                                               : "pool " + depot::format_address(pool) +
-                                                     " is not a live fixed pool (destroyed, or not made by "
-                                                     "depot_fixed_pool_create)"));
+  static auto* t = new handle_table<any_fixed_pool>{"pool", "a live fixed pool", "depot_fixed_pool_create"};
+  return *t;
 }
 
 // Runs f(the fixed_pool<D> behind `pool`), turning what it throws into a status.
@@ -140,16 +190,19 @@ template <class F>
 depot_status with_fixed_pool(const char* call, depot_fixed_pool* pool, F&& f) noexcept
 {
   return guarded([&] {
-    std::shared_ptr<any_fixed_pool> p;
-    {
-      fixed_pool_table& t = fixed_pools();
-      const std::shared_lock g{t.mu};
-      if (const auto it = t.pools.find(reinterpret_cast<std::uintptr_t>(pool)); it != t.pools.end()) p = it->second;
-    }
-    if (p == nullptr) not_a_pool(call, pool);
+    const std::shared_ptr<any_fixed_pool> p = fixed_pools().find(call, pool);
     std::visit(f, *p);
     return DEPOT_SUCCESS;
   });
+}
+
+// An IPC mapping of whichever backend its handle named.
+using any_ipc_mapping = any_backend<depot::ipc_mapping>;
+
+handle_table<any_ipc_mapping>& ipc_mappings()
+{
+  static auto* t = new handle_table<any_ipc_mapping>{"mapping", "an open IPC mapping", "depot_ipc_open"};
+  return *t;
 }
 
 // The C callback as a depot::oom_handler (empty for NULL).
@@ -351,12 +404,7 @@ depot_status depot_fixed_pool_create(depot_device_kind kind, int device, size_t 
   return with_backend(kind, [&]<class D>(D) {
     auto p = std::make_shared<any_fixed_pool>(std::in_place_type<depot::fixed_pool<D>>, pool_size, block_size,
                                               device);
-    fixed_pool_table& t = fixed_pools();
-    const std::unique_lock g{t.mu};
-    const std::uintptr_t handle = t.next;
-    t.pools.emplace(handle, std::move(p));  // (may throw: nothing changed then, p freed)
-    ++t.next;
-    *pool = reinterpret_cast<depot_fixed_pool*>(handle);
+    *pool = reinterpret_cast<depot_fixed_pool*>(fixed_pools().add(std::move(p)));
   });
 }
 
@@ -364,15 +412,7 @@ depot_status depot_fixed_pool_destroy(depot_fixed_pool* pool)
 {
   if (pool == nullptr) return DEPOT_SUCCESS;
   return guarded([&] {
-    std::shared_ptr<any_fixed_pool> p;  // freed after the lock is given back
-    {
-      fixed_pool_table& t = fixed_pools();
-      const std::unique_lock g{t.mu};
-      const auto it = t.pools.find(reinterpret_cast<std::uintptr_t>(pool));
-      if (it == t.pools.end()) not_a_pool("depot_fixed_pool_destroy", pool);
-      p = std::move(it->second);
-      t.pools.erase(it);
-    }
+    (void)fixed_pools().take("depot_fixed_pool_destroy", pool);  // freed here, after the lock
     return DEPOT_SUCCESS;
   });
 }
@@ -409,6 +449,56 @@ depot_status depot_fixed_pool_set_oom_handler(depot_fixed_pool* pool, depot_oom_
 {
   return with_fixed_pool("depot_fixed_pool_set_oom_handler", pool,
                          [&](auto& p) { p.set_oom_handler(oom_handler_of(callback, user_data)); });
+}
+
+depot_status depot_ipc_export(depot_device_kind kind, int device, void* ptr, char* buffer, size_t size,
+                              size_t* length)
+{
+  if (buffer == nullptr && size != 0) {
+    return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_ipc_export: buffer is NULL but size is " + std::to_string(size) +
+                                                  " (NULL is allowed with size 0 only)");
+  }
+  if (size > 0) buffer[0] = '\0';
+  return with_backend(kind, [&]<class D>(D) {
+    const std::string text = depot::pool<D>(device).ipc_export(ptr).to_hex();
+    if (length != nullptr) *length = text.size();
+    if (size == 0) return;  // the length only
+    if (text.size() >= size) {  // a handle cut short would open nothing: refused instead
+      throw std::invalid_argument("depot_ipc_export: the handle takes " + std::to_string(text.size() + 1) +
+                                  " bytes with its NUL, the buffer has " + std::to_string(size) +
+                                  " (the length is in *length; the block stays exported)");
+    }
+    std::memcpy(buffer, text.c_str(), text.size() + 1);
+  });
+}
+
+depot_status depot_ipc_open(const char* handle, depot_ipc_mapping** mapping, void** ptr, size_t* bytes)
+{
+  if (mapping == nullptr) return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_ipc_open: mapping is NULL");
+  *mapping = nullptr;
+  if (ptr != nullptr) *ptr = nullptr;
+  if (bytes != nullptr) *bytes = 0;
+  if (handle == nullptr) return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_ipc_open: handle is NULL");
+  return guarded([&] {
+    const depot::ipc_handle h = depot::ipc_handle::from_hex(handle);
+    const auto kind = static_cast<depot_device_kind>(h.device.kind);  // (the same numbers)
+    return with_backend(kind, [&]<class D>(D) {
+      auto m = std::make_shared<any_ipc_mapping>(std::in_place_type<depot::ipc_mapping<D>>, h);
+      void* const at = std::get<depot::ipc_mapping<D>>(*m).get();
+      *mapping = reinterpret_cast<depot_ipc_mapping*>(ipc_mappings().add(std::move(m)));
+      if (ptr != nullptr) *ptr = at;
+      if (bytes != nullptr) *bytes = static_cast<std::size_t>(h.requested);
+    });
+  });
+}
+
+depot_status depot_ipc_close(depot_ipc_mapping* mapping)
+{
+  if (mapping == nullptr) return DEPOT_SUCCESS;
+  return guarded([&] {
+    (void)ipc_mappings().take("depot_ipc_close", mapping);  // unmapped here, after the lock
+    return DEPOT_SUCCESS;
+  });
 }
 
 const char* depot_last_error(void) { return last_error.c_str(); }

@@ -64,6 +64,23 @@ int main(void)
   EXPECT(depot_fixed_pool_defragment(fp) == DEPOT_ERROR_INVALID_ARGUMENT);
   EXPECT(strstr(depot_last_error(), "not a live fixed pool") != NULL);
 
+  /* interprocess memory: the host backend says it cannot share; bad text and handles refused */
+  {
+    char text[300] = "x";
+    size_t text_length = 0;
+    depot_ipc_mapping* mapping = NULL;
+    void* q = NULL;
+    size_t bytes = 0;
+    EXPECT(depot_allocate(DEPOT_DEVICE_HOST, 0, 4096, NULL, &q) == DEPOT_SUCCESS);
+    EXPECT(depot_ipc_export(DEPOT_DEVICE_HOST, 0, q, text, sizeof text, &text_length) == DEPOT_ERROR_NOT_SUPPORTED);
+    EXPECT(text[0] == '\0');
+    EXPECT(depot_deallocate(DEPOT_DEVICE_HOST, 0, q) == DEPOT_SUCCESS);
+    EXPECT(depot_ipc_open("zz", &mapping, &q, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT && mapping == NULL);
+    EXPECT(depot_ipc_close(NULL) == DEPOT_SUCCESS);
+    EXPECT(depot_ipc_close((depot_ipc_mapping*)fp) == DEPOT_ERROR_INVALID_ARGUMENT); /* not a mapping */
+    EXPECT(strstr(depot_last_error(), "not an open IPC mapping") != NULL);
+  }
+
   if (failures == 0) printf("c_api_program: ok\n");
   return failures == 0 ? 0 : 1;
 }

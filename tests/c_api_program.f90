@@ -37,7 +37,7 @@ program c_api_program_f
   integer(c_size_t) :: length
   character(kind=c_char), target :: small(8)
   character(len=:), allocatable :: msg
-  type(c_ptr) :: fp, blocks(4)
+  type(c_ptr) :: fp, blocks(4), mapping
   type(depot_fixed_pool_stats) :: fs
   integer :: i
   integer(c_int64_t) :: cp
@@ -137,6 +137,15 @@ program c_api_program_f
   call expect(fs%largest_free_run == 1 .and. fs%fragmentation == 0.0_c_double, 'fixed pool fragmentation')
   call expect(depot_fixed_pool_destroy(fp) == DEPOT_SUCCESS, 'fixed pool destroy')
   call expect(depot_fixed_pool_allocate(fp, p) == DEPOT_ERROR_INVALID_ARGUMENT, 'a destroyed pool refused')
+
+  ! interprocess memory: the host backend says it cannot share; bad text refused
+  call expect(depot_allocate(DEPOT_DEVICE_HOST, 0, 4096_c_size_t, c_null_ptr, p) == DEPOT_SUCCESS, 'allocate')
+  call expect(depot_ipc_export(DEPOT_DEVICE_HOST, 0, p, c_null_ptr, 0_c_size_t, length) == &
+              DEPOT_ERROR_NOT_SUPPORTED, 'no host IPC')
+  call expect(depot_deallocate(DEPOT_DEVICE_HOST, 0, p) == DEPOT_SUCCESS, 'free')
+  call expect(depot_ipc_open('zz' // c_null_char, mapping, p, length) == DEPOT_ERROR_INVALID_ARGUMENT &
+              .and. .not. c_associated(mapping), 'bad handle text refused')
+  call expect(depot_ipc_close(c_null_ptr) == DEPOT_SUCCESS, 'close NULL')
 
   if (failures /= 0) then
     print '(a, i0, a)', 'c_api_program_f: ', failures, ' failure(s)'

@@ -10,6 +10,10 @@
 // depot-ipc-child --receive EXPECT NEXT: the same for a handle received on descriptor 3 (a
 // Unix socket) with its page descriptors (ipc_receive), mapped from those.
 //
+// depot-ipc-child --c HANDLE EXPECT NEXT: the same through the C interface (depot_ipc_open
+// twice, the requested size, depot_ipc_close of both, and a close of a closed mapping
+// refused).
+//
 // depot-ipc-child --count HANDLE hold|refuse: the importer's counting alone, on any backend
 // (a stand-in backend whose mapping is a dummy address). hold: attaches twice, prints
 // "attached", waits for a line (or the end) on stdin, detaches both, prints "detached".
@@ -18,6 +22,7 @@
 #include <depot/config.hpp>
 #include <depot/hal/error.hpp>
 #include <depot/hal/runtime.hpp>
+#include <depot/pool/c_api.h>
 #include <depot/pool/ipc_mapping.hpp>
 #include <depot/pool/ipc_received.hpp>
 
@@ -120,6 +125,49 @@ int run(const depot::ipc_received& r, int expect, int next)
   return 0;
 }
 
+// --c: the block through the C interface.
+template <depot::device D>
+int run_c(const char* text, int expect, int next)
+{
+  const auto failed = [](const char* what, depot_status st) {
+    std::fprintf(stderr, "depot-ipc-child --c: %s: %s: %s\n", what, depot_status_name(st), depot_last_error());
+    return 1;
+  };
+  depot_ipc_mapping* m = nullptr;
+  depot_ipc_mapping* again = nullptr;
+  void* p = nullptr;
+  void* q = nullptr;
+  std::size_t bytes = 0;
+  std::size_t bytes_again = 0;
+  if (const depot_status st = depot_ipc_open(text, &m, &p, &bytes); st != DEPOT_SUCCESS) return failed("open", st);
+  if (const depot_status st = depot_ipc_open(text, &again, &q, &bytes_again); st != DEPOT_SUCCESS) {
+    return failed("second open", st);
+  }
+  const depot::ipc_handle h = depot::ipc_handle::from_hex(text);
+  if (p == nullptr || p != q || m == again || bytes != h.requested || bytes_again != bytes) {
+    std::fprintf(stderr, "depot-ipc-child --c: two opens gave %p and %p (%zu and %zu bytes, handles %p %p)\n", p,
+                 q, bytes, bytes_again, static_cast<void*>(m), static_cast<void*>(again));
+    return 1;
+  }
+  std::vector<unsigned char> seen(bytes);
+  depot::runtime<D>::copy(seen.data(), p, seen.size());
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    if (seen[i] != static_cast<unsigned char>(expect)) {
+      std::fprintf(stderr, "depot-ipc-child --c: byte %zu is %d, expected %d\n", i, seen[i], expect);
+      return 1;
+    }
+  }
+  depot::runtime<D>::set_async(p, next, seen.size(), nullptr);
+  depot::runtime<D>::synchronize(h.device.index);
+  if (const depot_status st = depot_ipc_close(again); st != DEPOT_SUCCESS) return failed("close", st);
+  if (const depot_status st = depot_ipc_close(m); st != DEPOT_SUCCESS) return failed("close", st);
+  if (depot_ipc_close(m) != DEPOT_ERROR_INVALID_ARGUMENT) {
+    std::fprintf(stderr, "depot-ipc-child --c: a closed mapping was closed again\n");
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv)
@@ -132,8 +180,27 @@ int main(int argc, char** argv)
       return 1;
     }
   }
+  if (argc == 5 && std::string{argv[1]} == "--c") {
+    try {
+      const int expect = std::atoi(argv[3]);
+      const int next = std::atoi(argv[4]);
+      switch (depot::ipc_handle::from_hex(argv[2]).device.kind) {
+#if DEPOT_HAS_CUDA
+        case depot::device_kind::cuda: return run_c<depot::cuda>(argv[2], expect, next);
+#endif
+#if DEPOT_HAS_HIP
+        case depot::device_kind::hip: return run_c<depot::hip>(argv[2], expect, next);
+#endif
+        default: break;
+      }
+      std::fprintf(stderr, "depot-ipc-child --c: this build has no backend for the handle\n");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "depot-ipc-child --c: %s\n", e.what());
+    }
+    return 1;
+  }
   if (argc != 4) {
-    std::fprintf(stderr, "usage: depot-ipc-child HANDLE|--receive EXPECT NEXT | --count HANDLE hold|refuse\n");
+    std::fprintf(stderr, "usage: depot-ipc-child HANDLE|--receive EXPECT NEXT | --c HANDLE EXPECT NEXT | --count HANDLE hold|refuse\n");
     return 1;
   }
   try {

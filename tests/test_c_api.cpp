@@ -3,18 +3,22 @@
 // The C interface (depot/pool/c_api.h) over the process-wide allocators: what it hands out
 // is the C++ pool's, its statistics are the C++ pool's field for field, and bad input gets
 // a status and a message for the calling thread, never an exception, changing nothing.
+#include "ipc_child_process.hpp"
 #include "snapshot_queries.hpp"
 #include "test_devices.hpp"
 
 #include <doctest/doctest.h>
 
+#include <depot/hal/format_address.hpp>
 #include <depot/hal/runtime.hpp>
 #include <depot/hal/stream.hpp>
 #include <depot/pool/c_api.h>
+#include <depot/pool/ipc_handle.hpp>
 #include <depot/pool/pool.hpp>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -688,4 +692,99 @@ TEST_CASE_TEMPLATE("c_api: a graph capture's allocations come from its own pool 
   CHECK(depot_begin_capture(k, -1, s.native(), 0, &other) == DEPOT_ERROR_INVALID_ARGUMENT);
   CHECK(pool.capture_pools().empty());
   CHECK(depot_empty_cache(k, 0) == DEPOT_SUCCESS);
+}
+
+TEST_CASE_TEMPLATE("c_api: IPC export, open and close; bad input refused", D, DEPOT_TEST_DEVICES)
+{
+  const depot_device_kind k = kind_of<D>();
+  constexpr std::size_t n = 3 << 20;
+  void* block = nullptr;
+  REQUIRE(depot_allocate(k, 0, n, nullptr, &block) == DEPOT_SUCCESS);
+  depot::runtime<D>::set_async(block, 7, n, nullptr);
+  depot::runtime<D>::synchronize(0);
+  char text[512] = "unchanged";
+  std::size_t length = 99;
+
+  // Bad input, on every backend: refused, nothing exported or opened.
+  int local = 0;
+  CHECK(depot_ipc_export(k, 0, &local, text, sizeof text, &length) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), depot::format_address(&local)));
+  CHECK(text[0] == '\0');
+  CHECK(length == 99);
+  CHECK(depot_ipc_export(k, 0, block, nullptr, 5, &length) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "buffer is NULL but size is 5"));
+  CHECK(depot_ipc_export(static_cast<depot_device_kind>(7), 0, block, text, sizeof text, &length) ==
+        DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(depot_ipc_export(k, -1, block, text, sizeof text, &length) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(length == 99);
+  auto* m = reinterpret_cast<depot_ipc_mapping*>(std::uintptr_t{0x5eed});
+  void* p = &local;
+  std::size_t bytes = 5;
+  const auto check_nothing_opened = [&] {
+    CHECK(m == nullptr);
+    CHECK(p == nullptr);
+    CHECK(bytes == 0);
+    m = reinterpret_cast<depot_ipc_mapping*>(std::uintptr_t{0x5eed});
+    p = &local;
+    bytes = 5;
+  };
+  CHECK(depot_ipc_open(nullptr, &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "handle is NULL"));
+  check_nothing_opened();
+  CHECK(depot_ipc_open("not a handle", &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
+  check_nothing_opened();
+  depot::ipc_handle made_up;
+  made_up.device = depot::device_id::of<D>(depot::device_count<D>());  // one past the last device
+  made_up.size = made_up.requested = 512;
+  CHECK(depot_ipc_open(made_up.to_hex().c_str(), &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
+  check_nothing_opened();
+  CHECK(depot_ipc_open(made_up.to_hex().c_str(), nullptr, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "mapping is NULL"));
+  CHECK(depot_ipc_close(m) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "mapping 0x5eed is not an open IPC mapping"));
+  CHECK(depot_ipc_close(nullptr) == DEPOT_SUCCESS);
+
+  if constexpr (!depot::runtime<D>::has_ipc) {
+    // The host backend's memory is the process's own: export and open say so.
+    CHECK(depot_ipc_export(k, 0, block, text, sizeof text, &length) == DEPOT_ERROR_NOT_SUPPORTED);
+    CHECK(has(depot_last_error(), "cannot share memory"));
+    CHECK(text[0] == '\0');
+    made_up.device = depot::device_id::of<D>(0);  // (no text names a host block)
+    CHECK(depot_ipc_open(made_up.to_hex().c_str(), &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
+    CHECK(has(depot_last_error(), "has no interprocess memory"));
+    check_nothing_opened();
+  } else {
+    // The length alone, then a buffer one byte short (refused, not cut), then the handle.
+    length = 0;
+    REQUIRE(depot_ipc_export(k, 0, block, nullptr, 0, &length) == DEPOT_SUCCESS);
+    CHECK(length >= depot::ipc_handle::hex_length);
+    std::string handle(length, 'x');
+    CHECK(depot_ipc_export(k, 0, block, handle.data(), length, &length) == DEPOT_ERROR_INVALID_ARGUMENT);
+    CHECK(has(depot_last_error(), "the handle takes " + std::to_string(length + 1) + " bytes"));
+    CHECK(handle[0] == '\0');
+    handle.assign(length + 1, 'x');
+    REQUIRE(depot_ipc_export(k, 0, block, handle.data(), handle.size(), &length) == DEPOT_SUCCESS);
+    CHECK(std::strlen(handle.c_str()) == length);
+    handle.resize(length);
+    const depot::ipc_handle h = depot::ipc_handle::from_hex(handle);
+    CHECK(h.requested == n);
+    CHECK(h.device == depot::device_id::of<D>(0));
+
+    // In this process the handle opens to the block itself; a mapping closes once.
+    REQUIRE(depot_ipc_open(handle.c_str(), &m, &p, &bytes) == DEPOT_SUCCESS);
+    CHECK(p == block);
+    CHECK(bytes == n);
+    CHECK(depot_ipc_close(m) == DEPOT_SUCCESS);
+    CHECK(depot_ipc_close(m) == DEPOT_ERROR_INVALID_ARGUMENT);
+
+    // Another process opens it twice through the C interface, finds 7s and writes 9s.
+    depot::test::allow_children_to_take_descriptors();
+    CHECK(depot::test::exit_status(depot::test::spawn_ipc_child({"--c", handle, "7", "9"})) == 0);
+    std::vector<unsigned char> seen(n);
+    depot::runtime<D>::copy(seen.data(), block, n);
+    CHECK(std::count(seen.begin(), seen.end(), 9) == static_cast<std::ptrdiff_t>(n));
+  }
+  REQUIRE(depot_deallocate(k, 0, block) == DEPOT_SUCCESS);
+  // A freed block is no longer live: refused.
+  CHECK(depot_ipc_export(k, 0, block, text, sizeof text, &length) == DEPOT_ERROR_INVALID_ARGUMENT);
 }

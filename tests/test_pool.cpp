@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Part of depot: the memory layer for host, CUDA and HIP tensor data.
+#include "ipc_child_process.hpp"
 #include "snapshot_queries.hpp"
 #include "test_devices.hpp"
 
@@ -31,7 +32,6 @@
 #include <spawn.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -789,47 +789,14 @@ TEST_CASE_TEMPLATE("pool: pointers inside or beside live blocks are refused in e
 
 namespace {
 
-// tests/ipc_child.cpp's program, built beside this binary.
-std::string ipc_child_path()
-{
-  std::string self(4096, '\0');
-  const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size());
-  REQUIRE(n > 0);
-  self.resize(static_cast<std::size_t>(n));
-  return self.substr(0, self.rfind('/')) + "/depot-ipc-child";
-}
-
-// Starts tests/ipc_child.cpp with `args`, each (from, to) of `fds` made its descriptor `to`.
-pid_t spawn_ipc_child(std::vector<std::string> args, std::initializer_list<std::pair<int, int>> fds = {})
-{
-  std::string child = ipc_child_path();
-  std::vector<char*> argv{child.data()};
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  ::posix_spawn_file_actions_init(&fa);
-  for (auto [from, to] : fds) ::posix_spawn_file_actions_adddup2(&fa, from, to);
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, child.c_str(), &fa, nullptr, argv.data(), environ);
-  ::posix_spawn_file_actions_destroy(&fa);
-  REQUIRE(rc == 0);
-  return pid;
-}
-
-// The exit status of child `pid` once it ends, or -1 (killed).
-int exit_status(pid_t pid)
-{
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using depot::test::exit_status;
+using depot::test::spawn_ipc_child;
 
 // Runs tests/ipc_child.cpp on `handle`; its exit status, or -1.
 int run_ipc_child(const std::string& handle, int expect, int next)
 {
-  // The child takes an expandable segment's page descriptors from this process (pidfd_getfd):
-  // where Yama's ptrace_scope is 1 a child may do so only when named (EINVAL without Yama).
-  (void)::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  // (the child takes an expandable segment's page descriptors from this process)
+  depot::test::allow_children_to_take_descriptors();
   return exit_status(spawn_ipc_child({handle, std::to_string(expect), std::to_string(next)}));
 }
 

@@ -198,6 +198,31 @@ depot_status depot_fixed_pool_get_stats(depot_fixed_pool* pool, depot_fixed_pool
 depot_status depot_fixed_pool_set_oom_handler(depot_fixed_pool* pool, depot_oom_callback callback,
                                               void* user_data);
 
+/* Interprocess memory: a live block of the process pool (depot_allocate) opened by
+ * another process on this machine, the same device memory (not a copy), as PyTorch shares
+ * CUDA tensors. The GPU backends only: the host backend's memory is the process's own
+ * (DEPOT_ERROR_NOT_SUPPORTED).
+ * depot_ipc_export writes the block's handle into buffer as NUL-terminated text (hex
+ * digits: pass it through a pipe, a file, an environment variable or an MPI message) and
+ * its length into *length (if not NULL). size 0 (buffer NULL) asks for the length only; a
+ * buffer too small for the text and its NUL is refused (a handle cut short would open
+ * nothing). Exporting a block again is fine. The block's segment is then released only
+ * while no other process maps it; keep the block allocated (and its stream's work on it
+ * ordered, e.g. by an event) while other processes use it. A pointer that is not a live
+ * block is DEPOT_ERROR_INVALID_ARGUMENT. */
+depot_status depot_ipc_export(depot_device_kind kind, int device, void* ptr, char* buffer, size_t size,
+                              size_t* length);
+/* An open mapping of another process's block; thread-safe; handles are never reused (as
+ * for fixed pools: one that is not open is DEPOT_ERROR_INVALID_ARGUMENT). */
+typedef struct depot_ipc_mapping depot_ipc_mapping;
+/* Opens the block `handle` (depot_ipc_export's text) names: *mapping, *ptr the block in
+ * this process and *bytes its requested size (ptr and bytes may be NULL). The device is the
+ * handle's. Opening one handle twice is fine (the mappings share one backend mapping); text
+ * that is no handle is DEPOT_ERROR_INVALID_ARGUMENT with nothing opened. */
+depot_status depot_ipc_open(const char* handle, depot_ipc_mapping** mapping, void** ptr, size_t* bytes);
+/* Unmaps (NULL is a no-op); the pointer depot_ipc_open gave is invalid after. */
+depot_status depot_ipc_close(depot_ipc_mapping* mapping);
+
 /* The message of the calling thread's last failed call ("" if none failed yet); valid
  * until its next failed call. */
 const char* depot_last_error(void);

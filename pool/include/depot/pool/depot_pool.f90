@@ -47,6 +47,7 @@ module depot_pool
   end type depot_fixed_pool_stats
 
   public :: depot_begin_capture, depot_end_capture, depot_release_capture_pool
+  public :: depot_ipc_export, depot_ipc_open, depot_ipc_close
   public :: depot_fixed_pool_create, depot_fixed_pool_destroy, depot_fixed_pool_allocate, &
             depot_fixed_pool_deallocate, depot_fixed_pool_defragment, depot_fixed_pool_get_stats, &
             depot_fixed_pool_set_oom_handler
@@ -238,6 +239,29 @@ module depot_pool
       type(c_funptr), value :: callback
       type(c_ptr), value :: user_data
     end function depot_fixed_pool_set_oom_handler
+
+    ! buffer, size and length: as depot_memory_summary, but a buffer too small is refused
+    integer(c_int) function depot_ipc_export(kind, device, ptr, buffer, size, length) &
+        bind(c, name='depot_ipc_export')
+      import :: c_int, c_size_t, c_ptr
+      integer(c_int), value :: kind, device
+      type(c_ptr), value :: ptr, buffer
+      integer(c_size_t), value :: size
+      integer(c_size_t), intent(out) :: length
+    end function depot_ipc_export
+
+    ! handle: depot_ipc_export's text, NUL-terminated (trim(text) // c_null_char)
+    integer(c_int) function depot_ipc_open(handle, mapping, ptr, bytes) bind(c, name='depot_ipc_open')
+      import :: c_int, c_size_t, c_ptr, c_char
+      character(kind=c_char), dimension(*), intent(in) :: handle
+      type(c_ptr), intent(out) :: mapping, ptr
+      integer(c_size_t), intent(out) :: bytes
+    end function depot_ipc_open
+
+    integer(c_int) function depot_ipc_close(mapping) bind(c, name='depot_ipc_close')
+      import :: c_int, c_ptr
+      type(c_ptr), value :: mapping
+    end function depot_ipc_close
 
     type(c_ptr) function depot_last_error() bind(c, name='depot_last_error')
       import :: c_ptr
