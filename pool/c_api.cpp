@@ -12,6 +12,7 @@
 #include <depot/hal/stream_ref.hpp>
 #include <depot/pool/c_api.h>
 #include <depot/pool/caching_allocator.hpp>
+#include <depot/pool/detail/handle_table.hpp>
 #include <depot/pool/fixed_pool.hpp>
 #include <depot/pool/ipc_handle.hpp>
 #include <depot/pool/ipc_mapping.hpp>
@@ -25,11 +26,9 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <shared_mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
 #include <variant>
 
@@ -119,65 +118,11 @@ using any_backend = std::variant<T<depot::host>
 // A fixed pool of whichever backend its handle was made for.
 using any_fixed_pool = any_backend<depot::fixed_pool>;
 
-// Live objects the C interface hands out by handle (fixed pools, IPC mappings). A handle is
-// a number that is never reused (not an address, which a later object could take), so a
-// destroyed or made-up handle is refused, never mistaken for another object. A call holds
-// its own reference, so a destroy on another thread frees the object after the calls under
-// way end. Never destroyed (an object left at exit is not freed during static destruction,
-// after the backend may be gone). `noun`, `live` and `maker` word the refusal: "pool 0x2 is
-// not a live fixed pool (destroyed, or not made by depot_fixed_pool_create)".
-template <class T>
-class handle_table {
- public:
-  handle_table(const char* noun, const char* live, const char* maker) : noun_{noun}, live_{live}, maker_{maker} {}
-
-  // The new object's handle (may throw: nothing is kept then).
-  std::uintptr_t add(std::shared_ptr<T> object)
-  {
-    const std::unique_lock g{mu_};
-    const std::uintptr_t handle = next_;
-    items_.emplace(handle, std::move(object));
-    ++next_;
-    return handle;
-  }
-  // The object behind `handle`, for one call; invalid_argument naming `call` if none.
-  std::shared_ptr<T> find(const char* call, const void* handle) const
-  {
-    {
-      const std::shared_lock g{mu_};
-      if (const auto it = items_.find(reinterpret_cast<std::uintptr_t>(handle)); it != items_.end()) {
-        return it->second;
-      }
-    }
-    refuse(call, handle);
-  }
-  // Removes `handle`: its object, freed by the caller after the lock (or by the last call
-  // under way); invalid_argument naming `call` if none.
-  std::shared_ptr<T> take(const char* call, const void* handle)
-  {
-    const std::unique_lock g{mu_};
-    const auto it = items_.find(reinterpret_cast<std::uintptr_t>(handle));
-    if (it == items_.end()) refuse(call, handle);
-    std::shared_ptr<T> object = std::move(it->second);
-    items_.erase(it);
-    return object;
-  }
-
- private:
-  [[noreturn]] void refuse(const char* call, const void* handle) const
-  {
-    throw std::invalid_argument(std::string{call} + ": " + noun_ +
-                                (handle == nullptr ? std::string{" is NULL"}
-                                                   : " " + depot::format_address(handle) + " is not " + live_ +
-                                                         " (not made by " + maker_ + ", or given back)"));
-  }
-  const char* noun_;
-  const char* live_;
-  const char* maker_;
-  mutable std::shared_mutex mu_;
-  std::unordered_map<std::uintptr_t, std::shared_ptr<T>> items_;
-  std::uintptr_t next_ = 1;
-};
+// The C interface's fixed pools and IPC mappings, by handle (never reused; a call holds
+// its object, so a destroy on another thread frees it after the calls under way end).
+// Never destroyed (an object left at exit is not freed during static destruction, after
+// the backend may be gone).
+using depot::detail::handle_table;
 
 handle_table<any_fixed_pool>& fixed_pools()
 {
@@ -190,7 +135,7 @@ template <class F>
 depot_status with_fixed_pool(const char* call, depot_fixed_pool* pool, F&& f) noexcept
 {
   return guarded([&] {
-    const std::shared_ptr<any_fixed_pool> p = fixed_pools().find(call, pool);
+    const auto p = fixed_pools().find(call, pool);
     std::visit(f, *p);
     return DEPOT_SUCCESS;
   });
@@ -402,7 +347,7 @@ depot_status depot_fixed_pool_create(depot_device_kind kind, int device, size_t 
   if (pool == nullptr) return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_fixed_pool_create: pool is NULL");
   *pool = nullptr;
   return with_backend(kind, [&]<class D>(D) {
-    auto p = std::make_shared<any_fixed_pool>(std::in_place_type<depot::fixed_pool<D>>, pool_size, block_size,
+    auto p = std::make_unique<any_fixed_pool>(std::in_place_type<depot::fixed_pool<D>>, pool_size, block_size,
                                               device);
     *pool = reinterpret_cast<depot_fixed_pool*>(fixed_pools().add(std::move(p)));
   });
@@ -412,7 +357,7 @@ depot_status depot_fixed_pool_destroy(depot_fixed_pool* pool)
 {
   if (pool == nullptr) return DEPOT_SUCCESS;
   return guarded([&] {
-    (void)fixed_pools().take("depot_fixed_pool_destroy", pool);  // freed here, after the lock
+    fixed_pools().remove("depot_fixed_pool_destroy", pool);
     return DEPOT_SUCCESS;
   });
 }
@@ -483,7 +428,7 @@ depot_status depot_ipc_open(const char* handle, depot_ipc_mapping** mapping, voi
     const depot::ipc_handle h = depot::ipc_handle::from_hex(handle);
     const auto kind = static_cast<depot_device_kind>(h.device.kind);  // (the same numbers)
     return with_backend(kind, [&]<class D>(D) {
-      auto m = std::make_shared<any_ipc_mapping>(std::in_place_type<depot::ipc_mapping<D>>, h);
+      auto m = std::make_unique<any_ipc_mapping>(std::in_place_type<depot::ipc_mapping<D>>, h);
       void* const at = std::get<depot::ipc_mapping<D>>(*m).get();
       *mapping = reinterpret_cast<depot_ipc_mapping*>(ipc_mappings().add(std::move(m)));
       if (ptr != nullptr) *ptr = at;
@@ -496,7 +441,7 @@ depot_status depot_ipc_close(depot_ipc_mapping* mapping)
 {
   if (mapping == nullptr) return DEPOT_SUCCESS;
   return guarded([&] {
-    (void)ipc_mappings().take("depot_ipc_close", mapping);  // unmapped here, after the lock
+    ipc_mappings().remove("depot_ipc_close", mapping);
     return DEPOT_SUCCESS;
   });
 }

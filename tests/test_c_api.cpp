@@ -13,20 +13,25 @@
 #include <depot/hal/runtime.hpp>
 #include <depot/hal/stream.hpp>
 #include <depot/pool/c_api.h>
+#include <depot/pool/detail/handle_table.hpp>
 #include <depot/pool/ipc_handle.hpp>
 #include <depot/pool/pool.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -787,4 +792,107 @@ TEST_CASE_TEMPLATE("c_api: IPC export, open and close; bad input refused", D, DE
   REQUIRE(depot_deallocate(k, 0, block) == DEPOT_SUCCESS);
   // A freed block is no longer live: refused.
   CHECK(depot_ipc_export(k, 0, block, text, sizeof text, &length) == DEPOT_ERROR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("c_api: the handle table refuses removed and made-up handles and frees after the last hold")
+{
+  struct tracked {
+    int value;
+    int* destroyed;
+    ~tracked() { ++*destroyed; }
+  };
+  int destroyed = 0;
+  depot::detail::handle_table<tracked> table{"thing", "a live thing", "make_thing"};
+  const auto add = [&](int v) {
+    return reinterpret_cast<void*>(table.add(std::unique_ptr<tracked>(new tracked{v, &destroyed})));
+  };
+  void* a = add(1);
+  void* b = add(2);
+  void* c = add(3);
+  CHECK(a != nullptr);
+  CHECK(table.find("f", a)->value == 1);
+  CHECK(table.find("f", b)->value == 2);
+  CHECK(table.find("f", c)->value == 3);
+
+  // Removed: refused from then on, by name; the slot is reused under a new handle.
+  table.remove("r", b);
+  CHECK(destroyed == 1);
+  CHECK_THROWS_WITH_AS(std::ignore = table.find("f", b),
+                       ("f: thing " + depot::format_address(b) +
+                        " is not a live thing (not made by make_thing, or given back)").c_str(),
+                       std::invalid_argument);
+  CHECK_THROWS_AS(table.remove("r", b), std::invalid_argument);
+  void* d = add(4);
+  CHECK(d != b);
+  CHECK((reinterpret_cast<std::uintptr_t>(d) & 0xFFFFFF) == (reinterpret_cast<std::uintptr_t>(b) & 0xFFFFFF));
+  CHECK_THROWS_AS(std::ignore = table.find("f", b), std::invalid_argument);
+  CHECK(table.find("f", d)->value == 4);
+
+  // A hold keeps its object past the removal; the last hold to end frees it.
+  {
+    auto h1 = table.find("f", a);
+    auto h2 = table.find("f", a);
+    table.remove("r", a);
+    CHECK(destroyed == 1);
+    CHECK_THROWS_AS(std::ignore = table.find("f", a), std::invalid_argument);
+    CHECK(h1->value == 1);
+    { auto moved = std::move(h2); }
+    CHECK(destroyed == 1);
+    CHECK(h1->value == 1);
+  }
+  CHECK(destroyed == 2);
+
+  // Made up: NULL, generation 0, a slot never made, all bits set.
+  CHECK_THROWS_WITH_AS(std::ignore = table.find("f", nullptr), "f: thing is NULL", std::invalid_argument);
+  for (const std::uintptr_t bad : {std::uintptr_t{1}, (std::uintptr_t{1} << 24) | 4000, (std::uintptr_t{1} << 24) | 9000,
+                                   ~std::uintptr_t{0}}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(std::ignore = table.find("f", reinterpret_cast<void*>(bad)), std::invalid_argument);
+    CHECK_THROWS_AS(table.remove("r", reinterpret_cast<void*>(bad)), std::invalid_argument);
+  }
+  CHECK(table.find("f", c)->value == 3);  // the others unharmed
+  CHECK(table.find("f", d)->value == 4);
+}
+
+TEST_CASE("c_api: the handle table under threads that add, look up and remove at once")
+{
+  // Each object knows its handle: a lookup that succeeds must give the object of that handle,
+  // never one that took its slot later. Every object is destroyed once.
+  struct tracked {
+    std::atomic<std::uintptr_t> handle{0};
+    std::atomic<int>* destroyed;
+    explicit tracked(std::atomic<int>* d) : destroyed{d} {}
+    ~tracked() { destroyed->fetch_add(1); }
+  };
+  std::atomic<int> destroyed{0};
+  std::atomic<int> made{0};
+  std::atomic<int> wrong{0};
+  depot::detail::handle_table<tracked> table{"thing", "a live thing", "make_thing"};
+  constexpr int k_shared = 64;
+  std::array<std::atomic<std::uintptr_t>, k_shared> recent{};  // handles, live or not
+  const std::uint64_t seed = depot::test::seed("c_api handle table threads", 7);
+  const auto worker = [&](unsigned id) {
+    std::mt19937_64 rng{seed + id};
+    for (int i = 0; i < 3000; ++i) {
+      auto* t = new tracked{&destroyed};
+      const std::uintptr_t h = table.add(std::unique_ptr<tracked>(t));
+      t->handle.store(h);
+      made.fetch_add(1);
+      recent[rng() % k_shared].store(h);
+      // someone's handle, perhaps removed (and its slot reused) by now
+      const std::uintptr_t other = recent[rng() % k_shared].load();
+      try {
+        auto held = table.find("f", reinterpret_cast<void*>(other));
+        if (held->handle.load() != other && held->handle.load() != 0) wrong.fetch_add(1);
+      } catch (const std::invalid_argument&) {
+      }
+      table.remove("r", reinterpret_cast<void*>(h));
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned id = 0; id < 4; ++id) threads.emplace_back(worker, id);
+  for (auto& t : threads) t.join();
+  CHECK(wrong.load() == 0);
+  CHECK(made.load() == 4 * 3000);
+  CHECK(destroyed.load() == made.load());
 }
