@@ -41,6 +41,9 @@ program c_api_program_f
   type(depot_fixed_pool_stats) :: fs
   integer :: i
   integer(c_int64_t) :: cp
+  integer(c_int) :: gpu
+  integer(c_size_t) :: hlen
+  character(kind=c_char), allocatable, target :: handle(:)
 
   call expect(depot_device_count(DEPOT_DEVICE_HOST, count) == DEPOT_SUCCESS .and. count == 1, 'device_count')
   call expect(depot_get_memory_stats(DEPOT_DEVICE_HOST, 0, s0) == DEPOT_SUCCESS, 'stats before')
@@ -146,6 +149,50 @@ program c_api_program_f
   call expect(depot_ipc_open('zz' // c_null_char, mapping, p, length) == DEPOT_ERROR_INVALID_ARGUMENT &
               .and. .not. c_associated(mapping), 'bad handle text refused')
   call expect(depot_ipc_close(c_null_ptr) == DEPOT_SUCCESS, 'close NULL')
+
+  ! The same calls on a GPU, where this build has a GPU backend and the machine a device
+  ! (tools/gpu-check runs this program on the GPU machine): the GPU part must say it ran.
+  gpu = -1
+  if (depot_device_count(DEPOT_DEVICE_CUDA, count) == DEPOT_SUCCESS .and. count > 0) then
+    gpu = DEPOT_DEVICE_CUDA
+  else if (depot_device_count(DEPOT_DEVICE_HIP, count) == DEPOT_SUCCESS .and. count > 0) then
+    gpu = DEPOT_DEVICE_HIP
+  end if
+  if (gpu >= 0) then
+    call expect(depot_get_memory_stats(gpu, 0, s0) == DEPOT_SUCCESS, 'GPU stats before')
+    call expect(depot_allocate(gpu, 0, 1048576_c_size_t, c_null_ptr, p) == DEPOT_SUCCESS .and. c_associated(p), &
+                'GPU allocate 1 MiB')
+    call expect(depot_get_memory_stats(gpu, 0, s1) == DEPOT_SUCCESS, 'GPU stats after')
+    call expect(s1%allocated_bytes%all%current == s0%allocated_bytes%all%current + 1048576, 'GPU allocated bytes')
+    ! interprocess memory: the handle's text, opened in this process (the block itself)
+    call expect(depot_ipc_export(gpu, 0, p, c_null_ptr, 0_c_size_t, hlen) == DEPOT_SUCCESS .and. hlen >= 242, &
+                'GPU IPC handle length')
+    allocate (handle(hlen + 1))
+    call expect(depot_ipc_export(gpu, 0, p, c_loc(handle), hlen, length) == DEPOT_ERROR_INVALID_ARGUMENT, &
+                'GPU IPC buffer one short refused')
+    call expect(depot_ipc_export(gpu, 0, p, c_loc(handle), hlen + 1, length) == DEPOT_SUCCESS .and. &
+                length == hlen, 'GPU IPC export')
+    call expect(handle(hlen + 1) == c_null_char, 'GPU IPC handle NUL-terminated')
+    call expect(depot_ipc_open(handle, mapping, q, length) == DEPOT_SUCCESS, 'GPU IPC open')
+    call expect(c_associated(q, p) .and. length == 1048576, 'GPU IPC: the block itself, its size')
+    call expect(depot_ipc_close(mapping) == DEPOT_SUCCESS, 'GPU IPC close')
+    call expect(depot_ipc_close(mapping) == DEPOT_ERROR_INVALID_ARGUMENT, 'GPU IPC closed twice refused')
+    call expect(depot_deallocate(gpu, 0, p) == DEPOT_SUCCESS, 'GPU free')
+    call expect(depot_deallocate(gpu, 0, p) == DEPOT_ERROR_INVALID_ARGUMENT, 'GPU double free refused')
+    ! a fixed pool of device memory
+    call expect(depot_fixed_pool_create(gpu, 0, 16384_c_size_t, 4096_c_size_t, fp) == DEPOT_SUCCESS, &
+                'GPU fixed pool create')
+    do i = 1, 4
+      call expect(depot_fixed_pool_allocate(fp, blocks(i)) == DEPOT_SUCCESS, 'GPU fixed pool allocate')
+    end do
+    call expect(depot_fixed_pool_allocate(fp, p) == DEPOT_ERROR_OUT_OF_MEMORY, 'GPU fixed pool exhausted')
+    call expect(depot_fixed_pool_get_stats(fp, fs) == DEPOT_SUCCESS .and. fs%used_blocks == 4 .and. &
+                fs%misses == 1, 'GPU fixed pool stats')
+    call expect(depot_fixed_pool_destroy(fp) == DEPOT_SUCCESS, 'GPU fixed pool destroy')
+    print '(a, i0)', 'c_api_program_f: the GPU part ran, device kind ', gpu
+  else
+    print '(a)', 'c_api_program_f: no GPU backend or device: the GPU part did not run'
+  end if
 
   if (failures /= 0) then
     print '(a, i0, a)', 'c_api_program_f: ', failures, ' failure(s)'
