@@ -848,8 +848,7 @@ void alloc_fixed(nlohmann::json& out)
       }
       runs.push_back(*std::max_element(ns.begin(), ns.end()));
     }
-    std::sort(runs.begin(), runs.end());
-    return runs[runs.size() / 2];
+    return median(runs);
   };
   const int many = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2U, 4U));
   out = nlohmann::json::array();

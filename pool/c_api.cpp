@@ -201,24 +201,31 @@ depot_memory_stats to_c(const depot::memory_stats& s) noexcept
   return out;
 }
 
-// Copies the text `make(D{})` returns into buffer[0, size) (cut short, NUL-terminated when
-// size > 0) and its full length into *length (if not NULL).
+// Copies the text `make(D{})` returns into buffer[0, size) (NUL-terminated when size > 0)
+// and its full length into *length (if not NULL). A text longer than the buffer is cut
+// short, or, when `whole` names it, refused (a handle cut short would open nothing): the
+// buffer is then "" and *length still says what it needs.
 template <class Make>
 depot_status text_out(const char* call, depot_device_kind kind, char* buffer, std::size_t size,
-                      std::size_t* length, Make&& make) noexcept
+                      std::size_t* length, Make&& make, const char* whole = nullptr) noexcept
 {
   if (buffer == nullptr && size != 0) {
     return fail(DEPOT_ERROR_INVALID_ARGUMENT, std::string{call} + ": buffer is NULL but size is " +
                                                   std::to_string(size) + " (NULL is allowed with size 0 only)");
   }
+  if (whole != nullptr && size > 0) buffer[0] = '\0';
   return with_backend(kind, [&]<class D>(D d) {
     const std::string text = make(d);
-    if (size > 0) {
-      const std::size_t n = std::min(text.size(), size - 1);
-      std::memcpy(buffer, text.data(), n);
-      buffer[n] = '\0';
-    }
     if (length != nullptr) *length = text.size();
+    if (size == 0) return;  // the length only
+    if (whole != nullptr && text.size() >= size) {
+      throw std::invalid_argument(std::string{call} + ": " + whole + " takes " + std::to_string(text.size() + 1) +
+                                  " bytes with its NUL, the buffer has " + std::to_string(size) +
+                                  " (the length is in *length)");
+    }
+    const std::size_t n = std::min(text.size(), size - 1);
+    std::memcpy(buffer, text.data(), n);
+    buffer[n] = '\0';
   });
 }
 
@@ -399,22 +406,9 @@ depot_status depot_fixed_pool_set_oom_handler(depot_fixed_pool* pool, depot_oom_
 depot_status depot_ipc_export(depot_device_kind kind, int device, void* ptr, char* buffer, size_t size,
                               size_t* length)
 {
-  if (buffer == nullptr && size != 0) {
-    return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_ipc_export: buffer is NULL but size is " + std::to_string(size) +
-                                                  " (NULL is allowed with size 0 only)");
-  }
-  if (size > 0) buffer[0] = '\0';
-  return with_backend(kind, [&]<class D>(D) {
-    const std::string text = depot::pool<D>(device).ipc_export(ptr).to_hex();
-    if (length != nullptr) *length = text.size();
-    if (size == 0) return;  // the length only
-    if (text.size() >= size) {  // a handle cut short would open nothing: refused instead
-      throw std::invalid_argument("depot_ipc_export: the handle takes " + std::to_string(text.size() + 1) +
-                                  " bytes with its NUL, the buffer has " + std::to_string(size) +
-                                  " (the length is in *length; the block stays exported)");
-    }
-    std::memcpy(buffer, text.c_str(), text.size() + 1);
-  });
+  // (the block stays exported when the buffer is refused: exporting again is fine)
+  return text_out("depot_ipc_export", kind, buffer, size, length,
+                  [&]<class D>(D) { return depot::pool<D>(device).ipc_export(ptr).to_hex(); }, "the handle");
 }
 
 depot_status depot_ipc_open(const char* handle, depot_ipc_mapping** mapping, void** ptr, size_t* bytes)

@@ -84,7 +84,7 @@ class handle_table {
       free_.reserve(used_ + 1);  // so that a release never allocates
       index = used_++;
     }
-    slot& s = at(index);
+    slot& s = *slot_at(index);
     s.index = index;
     const std::uint64_t generation = std::max<std::uint64_t>(s.word.load(std::memory_order_relaxed) >> k_ref_bits, 1);
     s.object = object.release();
@@ -129,15 +129,17 @@ class handle_table {
   {
     return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(handle)) >> k_index_bits;
   }
-  slot& at(std::uint32_t index) noexcept { return chunks_[index / k_chunk].load(std::memory_order_acquire)[index % k_chunk]; }
+  // Slot `index`, or nullptr when its chunk was never made.
+  slot* slot_at(std::uint32_t index) noexcept
+  {
+    slot* chunk = chunks_[index / k_chunk].load(std::memory_order_acquire);
+    return chunk != nullptr ? &chunk[index % k_chunk] : nullptr;
+  }
   // The slot `handle` names, or nullptr when it names none that was ever made.
   slot* lookup(const void* handle) noexcept
   {
-    const auto h = reinterpret_cast<std::uintptr_t>(handle);
-    const auto index = static_cast<std::uint32_t>(h & (k_slots - 1));
     if (generation_of(handle) == 0) return nullptr;
-    slot* chunk = chunks_[index / k_chunk].load(std::memory_order_acquire);
-    return chunk != nullptr ? &chunk[index % k_chunk] : nullptr;
+    return slot_at(static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(handle) & (k_slots - 1)));
   }
   // Moves the word of the slot `handle` names from w to next(w) while it holds that
   // handle's generation with a reference: the slot and the new word, or nullptr (not live).
