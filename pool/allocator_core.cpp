@@ -659,14 +659,30 @@ using cache_mutex = biased_mutex;
 // A high need only take in, at an operation's end, the figures that operation can have
 // raised (a figure's highest boundary ends an operation that raised it): an operation
 // records what kind of change it made (op_* bits) and end_op() raises those highs only, in
-// straight-line code with a branch per high that rarely moves; any other change (segments,
-// events, a reset) marks the operation general and end_op() takes in every figure.
+// straight-line code with a branch per figure that rarely moves; any other change
+// (segments, events, a reset, both pools at once) marks the operation general and end_op()
+// takes in every figure. An operation of one pool compares each figure it raised with one
+// bound for both the pool's high and the pools' sum's (stat_delta::bound), not with each.
 struct stat_delta {
   std::array<std::int64_t, 16> net{};
   std::array<std::int64_t, 16> added{};
   std::array<std::int64_t, 16> high{};
   std::array<std::int64_t, q_count> all_high{};
   std::array<std::int64_t, 3> cached_high{};  // large, small, all
+  // For the pool `bound_kind` (op_large, op_small; 0: none): per hot quantity, the
+  // highest its net may reach at a boundary with neither the pool's high nor the sum's
+  // high moving, min(high[p + q], all_high[q] - net[o + q]) (o the other pool), and the
+  // same for cached bytes (bound[q_reserved]). Set by aim(p) at the first operation of
+  // pool p that raises a figure after one of the other pool did (the other pool's net
+  // enters the bound) and lowered with the highs; a high that moves otherwise (publish,
+  // open_window, raise_everything) drops the bound. While the bound is p's, the other
+  // pool's nets have not risen (an operation that raises one of them aims at its pool
+  // first; one that only lowers them leaves the bound lower than it could be, which costs
+  // at most a needless raise), so a figure at or under its bound moves no high: at 64 MiB
+  // requests this took 8 of the 14 compare-and-branches of a pair (each pool's high and the
+  // sum's) and their additions.
+  std::array<std::int64_t, q_count> bound{};
+  std::uint32_t bound_kind = 0;
   // Headroom, set at a window's first operation (shared_stats::open_window): how far each
   // shared figure of the hot quantities was below its peak. The highs start there, so an
   // operation raises a high only when it could move the peak (raising from 0 after every
@@ -743,17 +759,27 @@ struct stat_delta {
   [[gnu::always_inline]] void end_op() noexcept
   {
     const std::uint32_t o = op;
-    if ((o & (op_alloc_large | op_alloc_small)) != 0) raise_allocation((o & op_alloc_small) != 0 ? 8U : 0U);
-    // Whether an allocation split a block is the workload's coin toss: raising at every
-    // allocation costs less than the mispredicted branch (frees set op_split themselves).
-    if ((o & (op_split | op_alloc_large | op_alloc_small)) != 0) {
-      raise(high[q_inactive_split], net[q_inactive_split]);
-      raise(high[8 + q_inactive_split], net[8 + q_inactive_split]);
-      raise_all(q_inactive_split);
+    // One branch for both: the operation is of one pool, whose bounds are set.
+    const std::uint32_t kind = o & (op_large | op_small | op_general);
+    if (kind != bound_kind) [[unlikely]] {
+      if (kind == op_large || kind == op_small) {
+        aim(kind);
+      } else {  // general, or both pools
+        raise_everything();
+      }
     }
-    if ((o & op_free) != 0) raise_cached();
-    if ((o & op_general) != 0) [[unlikely]] {
-      raise_everything();
+    if (kind == bound_kind) {
+      const std::size_t p = (o & op_small) != 0 ? 8U : 0U;
+      if ((o & (op_alloc_large | op_alloc_small)) != 0) {
+        near(p, q_allocated);
+        near(p, q_requested);
+        near(p, q_active);
+        near(p, q_num_allocations);
+      }
+      // Whether an allocation split a block is the workload's coin toss: comparing at every
+      // allocation costs less than the mispredicted branch (frees set op_split themselves).
+      if ((o & (op_split | op_alloc_large | op_alloc_small)) != 0) near(p, q_inactive_split);
+      if ((o & op_free) != 0) near_cached(p);
     }
     dirty |= o;
     op = 0;
@@ -762,12 +788,15 @@ struct stat_delta {
     }
   }
 
+  // The bounds no longer hold (a high moved, or was set back).
+  void drop_bound() noexcept { bound_kind = 0; }
+
   // An allocation of `size_bytes` bytes for a request of `requested` bytes in the small or
   // large pool (one per operation: a second one starts a new operation boundary).
   [[gnu::always_inline]] void count_allocation(bool small, std::size_t size_bytes, std::size_t requested) noexcept
   {
     if ((op & op_counted) != 0) end_op();  // a second one in one operation: a boundary between them
-    const unsigned p = small ? 8U : 0U;
+    const std::size_t p = small ? 8U : 0U;  // 64-bit: net[p + q] is one address
     const auto size = static_cast<std::int64_t>(size_bytes);
     const auto bytes = static_cast<std::int64_t>(requested);
     net[p + q_allocated] += size;
@@ -789,7 +818,7 @@ struct stat_delta {
   [[gnu::always_inline]] void count_free(bool small, std::size_t size_bytes, std::size_t requested) noexcept
   {
     if ((op & op_counted) != 0) end_op();
-    const unsigned p = small ? 8U : 0U;
+    const std::size_t p = small ? 8U : 0U;
     net[p + q_allocated] -= static_cast<std::int64_t>(size_bytes);
     net[p + q_requested] -= static_cast<std::int64_t>(requested);
     net[p + q_num_allocations] -= 1;
@@ -801,7 +830,7 @@ struct stat_delta {
   // Inactive split bytes: a split block was indexed / left the index.
   [[gnu::always_inline]] void add_split(bool small, std::size_t n) noexcept
   {
-    const unsigned i = (small ? 8U : 0U) + q_inactive_split;
+    const std::size_t i = (small ? 8U : 0U) + q_inactive_split;
     net[i] += static_cast<std::int64_t>(n);
     added[i] += static_cast<std::int64_t>(n);
     op |= op_split | pool_bit(small);
@@ -814,7 +843,7 @@ struct stat_delta {
   // leaving the index was split is a coin toss at random sizes.
   [[gnu::always_inline]] void sub_split_if(bool counted, bool small, std::size_t n) noexcept
   {
-    const unsigned i = (small ? 8U : 0U) + q_inactive_split;
+    const std::size_t i = (small ? 8U : 0U) + q_inactive_split;
     net[i] -= static_cast<std::int64_t>(n & (std::size_t{0} - std::size_t{counted}));
     op |= pool_bit(small) & (std::uint32_t{0} - std::uint32_t{counted});
     if (net[i] < -limit) [[unlikely]] {
@@ -826,7 +855,7 @@ struct stat_delta {
   // A segment came (+1) or went (-1): published as the operation ends.
   void change_segments(bool small, std::size_t bytes, int sign) noexcept
   {
-    const unsigned p = small ? 8U : 0U;
+    const std::size_t p = small ? 8U : 0U;
     change_mapped(small, bytes, sign);
     net[p + q_num_segments] += sign;
     if (sign > 0) added[p + q_num_segments] += 1;
@@ -834,7 +863,7 @@ struct stat_delta {
   // Pages mapped into (sign +1) or unmapped from (-1) an expandable segment.
   void change_mapped(bool small, std::size_t bytes, int sign) noexcept
   {
-    const unsigned p = small ? 8U : 0U;
+    const std::size_t p = small ? 8U : 0U;
     net[p + q_reserved] += sign * static_cast<std::int64_t>(bytes);
     if (sign > 0) added[p + q_reserved] += static_cast<std::int64_t>(bytes);
     op |= op_general;
@@ -845,7 +874,7 @@ struct stat_delta {
   // A hot figure fell (no high to take in).
   [[gnu::always_inline]] void decrease(bool small, quantity q, std::size_t n) noexcept
   {
-    const unsigned i = (small ? 8U : 0U) + q;
+    const std::size_t i = (small ? 8U : 0U) + q;
     net[i] -= static_cast<std::int64_t>(n);
     op |= pool_bit(small);
     if (net[i] < -limit) [[unlikely]] {
@@ -853,22 +882,48 @@ struct stat_delta {
     }
   }
   [[gnu::always_inline]] void raise_all(unsigned q) noexcept { raise(all_high[q], net[q] + net[q + 8]); }
-  [[gnu::always_inline]] void raise_allocation(unsigned p) noexcept
+  // cached = reserved - allocated, of pool p
+  [[nodiscard]] std::int64_t cached_net(std::size_t p) const noexcept { return net[p + q_reserved] - net[p + q_allocated]; }
+  // The bounds of the pool of `kind` (op_large or op_small; see bound).
+  [[gnu::noinline]] void aim(std::uint32_t kind) noexcept
   {
-    raise(high[p + q_allocated], net[p + q_allocated]);
-    raise(high[p + q_requested], net[p + q_requested]);
-    raise(high[p + q_active], net[p + q_active]);
-    raise(high[p + q_num_allocations], net[p + q_num_allocations]);
-    raise_all(q_allocated);
-    raise_all(q_requested);
-    raise_all(q_active);
-    raise_all(q_num_allocations);
+    const std::size_t p = kind == op_small ? 8U : 0U;
+    for (unsigned q : {q_allocated, q_requested, q_active, q_inactive_split, q_num_allocations}) aim_at(p, q);
+    aim_cached(p);
+    bound_kind = kind;
+  }
+  [[gnu::always_inline]] void aim_at(std::size_t p, unsigned q) noexcept
+  {
+    bound[q] = std::min(high[p + q], all_high[q] - net[(8U - p) + q]);
+  }
+  [[gnu::always_inline]] void aim_cached(std::size_t p) noexcept
+  {
+    bound[q_reserved] = std::min(cached_high[p / 8U], cached_high[2] - cached_net(8U - p));
+  }
+  // Pool p's figure of quantity q at a boundary: past its bound, the pool's high and the
+  // sum's take it in and the bound follows them.
+  [[gnu::always_inline]] void near(std::size_t p, unsigned q) noexcept
+  {
+    if (net[p + q] > bound[q]) [[unlikely]] {
+      raise(high[p + q], net[p + q]);
+      raise_all(q);
+      aim_at(p, q);
+    }
+  }
+  [[gnu::always_inline]] void near_cached(std::size_t p) noexcept
+  {
+    const std::int64_t mine = cached_net(p);
+    if (mine > bound[q_reserved]) [[unlikely]] {
+      raise(cached_high[p / 8U], mine);
+      raise(cached_high[2], mine + cached_net(8U - p));
+      aim_cached(p);
+    }
   }
   // cached = reserved - allocated
   [[gnu::always_inline]] void raise_cached() noexcept
   {
-    const std::int64_t large = net[q_reserved] - net[q_allocated];
-    const std::int64_t small = net[8 + q_reserved] - net[8 + q_allocated];
+    const std::int64_t large = cached_net(0);
+    const std::int64_t small = cached_net(8);
     raise(cached_high[0], large);
     raise(cached_high[1], small);
     raise(cached_high[2], large + small);
@@ -880,6 +935,7 @@ struct stat_delta {
     }
     for (unsigned q = 0; q < q_count; ++q) raise_all(q);
     raise_cached();
+    drop_bound();
   }
 };
 static_assert(q_count <= 8);
@@ -1092,6 +1148,7 @@ struct shared_stats {
     // headroom): the next window sets its own (none after a window of at most 3 operations).
     d.high = {};
     d.cached_high = {};
+    d.drop_bound();
     if (d.opened) {  // else every room is 0 still
       d.room = {};
       d.all_room = {};
@@ -1134,6 +1191,7 @@ struct shared_stats {
       d.cached_room[k] = headroom(get(cached_peak[k]), now[k]);
       d.cached_high[k] = std::max(d.cached_high[k], d.cached_room[k]);
     }
+    d.drop_bound();
   }
 
   // Peaks restart from the current figures (caller holds every cache lock, deltas published).
