@@ -693,8 +693,10 @@ struct stat_delta {
   std::array<std::int64_t, 3> cached_room{};
   std::uint32_t op = 0;     // op_* bits: what the operation under way changed
   std::uint32_t dirty = 0;  // op_* bits of the operations since the last publish
-  std::uint8_t due = 0;     // due_* bits: publish as the operation ends
-  std::uint32_t ops = 0;    // operations since the last publish
+  // due_* bits (the low byte), and from bit 8 the operations since the last publish: the
+  // operation's end asks one question of it (k_settle) where it asked three (due bits, the
+  // first operation since a publish, k_max_ops operations).
+  std::uint32_t due = due_fresh;
   // The last window held at most 3 operations (a thread that alternates among streams
   // publishes its last cache's delta at every change, so its windows hold 1-3): the next
   // window then sets no headroom, whose reading of the shared figures under their lock
@@ -730,8 +732,15 @@ struct stat_delta {
   static constexpr std::uint32_t k_max_ops = 256;  // at most this many operations unpublished
   // Why to publish: segments changed or k_max_ops operations passed (due_now), or a figure
   // drifted more than `batch` from its published value (due_drift: see shared_stats::settle).
-  static constexpr std::uint8_t due_now = 1;
-  static constexpr std::uint8_t due_drift = 2;
+  static constexpr std::uint32_t due_now = 1;
+  static constexpr std::uint32_t due_drift = 2;
+  // No operation has ended since the last publish (its end opens a window: open_window).
+  static constexpr std::uint32_t due_fresh = 4;
+  static constexpr std::uint32_t k_due_bits = 0xFFU;
+  static constexpr std::uint32_t k_op_count = 1U << 8;  // one operation in `due`
+  // Some due bit, or k_max_ops operations since the last publish: settle as the operation ends.
+  static constexpr std::uint32_t k_settle = k_due_bits | ~(k_max_ops * k_op_count - 1U);
+  static_assert(k_max_ops * k_op_count == 1U << 16);
 
   stat_delta(std::size_t stats_batch, cache_mutex& m)
       : batch{static_cast<std::int64_t>(stats_batch)}, limit{batch}, owner{&m}
@@ -743,7 +752,8 @@ struct stat_delta {
   // empty (published: every cell 0, no headroom set) and not kept past its batch.
   [[nodiscard]] bool can_take(const stat_delta& from) const noexcept
   {
-    return dirty == 0 && op == 0 && due == 0 && !opened && !overdrawn() && from.op == 0 && from.due == 0;
+    return dirty == 0 && op == 0 && (due & ~due_fresh) == 0 && !opened && !overdrawn() && from.op == 0 &&
+           (from.due & (due_now | due_drift)) == 0;
   }
 
   static constexpr std::uint32_t pool_bit(bool small) noexcept { return small ? op_small : op_large; }
@@ -783,10 +793,12 @@ struct stat_delta {
     }
     dirty |= o;
     op = 0;
-    if (++ops >= k_max_ops) [[unlikely]] {
-      due |= due_now;
-    }
+    due += k_op_count;
   }
+  // Operations since the last publish.
+  [[nodiscard]] std::uint32_t ops() const noexcept { return due / k_op_count; }
+  // Due now: segments changed, or k_max_ops operations passed.
+  [[nodiscard]] bool due_at_once() const noexcept { return (due & due_now) != 0 || ops() >= k_max_ops; }
 
   // The bounds no longer hold (a high moved, or was set back).
   void drop_bound() noexcept { bound_kind = 0; }
@@ -1077,8 +1089,9 @@ struct shared_stats {
   // others take in. Then this one is published, unless it is due only because a figure
   // drifted, no other delta was published since it was and stats_batch is not 0 (exact
   // peaks asked for): then it is kept, and marked.
-  [[gnu::noinline]] void settle(stat_delta& d, bool fresh) noexcept
+  [[gnu::noinline]] void settle(stat_delta& d) noexcept
   {
+    const bool fresh = (d.due & stat_delta::due_fresh) != 0;
     // acquire: pairs with the release below, so the kept delta's cache (made by another
     // thread) is seen whole before its lock is tried.
     if (stat_delta* o = overdrawn.load(std::memory_order_acquire); o != nullptr && o != &d) {
@@ -1089,7 +1102,7 @@ struct shared_stats {
         m->unlock();
       }
     }
-    if ((d.due & stat_delta::due_now) != 0 ||
+    if (d.due_at_once() ||
         ((d.due & stat_delta::due_drift) != 0 && (last.load(std::memory_order_relaxed) != &d || d.batch == 0))) {
       publish(d);
       return;
@@ -1099,7 +1112,7 @@ struct shared_stats {
       d.limit = stat_delta::k_no_limit;
       overdrawn.store(&d, std::memory_order_release);
     }
-    d.due = 0;
+    d.due &= ~stat_delta::k_due_bits;  // the operations stay counted
   }
 
   // Applies and clears a stream cache's delta (caller holds that cache's lock; no
@@ -1156,9 +1169,8 @@ struct shared_stats {
       d.opened = false;
     }
     d.dirty = 0;
-    d.due = 0;
-    d.short_window = d.ops <= 3;
-    d.ops = 0;
+    d.short_window = d.ops() <= 3;
+    d.due = stat_delta::due_fresh;
   }
 
   // A window's first operation has ended on d's cache (caller holds its lock; d not
@@ -1365,10 +1377,9 @@ class cache_lock {
   {
     stat_delta& d = *cache_->delta;
     if (d.op != 0) {
-      const bool fresh = d.dirty == 0;  // the first operation since the last publish
       d.end_op();
-      if (d.due != 0 || fresh) [[unlikely]] {
-        stats_->settle(d, fresh);
+      if ((d.due & stat_delta::k_settle) != 0) [[unlikely]] {
+        stats_->settle(d);
       }
     }
     std::exchange(cache_, nullptr)->mu.unlock();
