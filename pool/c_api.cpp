@@ -16,16 +16,19 @@
 #include <depot/pool/fixed_pool.hpp>
 #include <depot/pool/ipc_handle.hpp>
 #include <depot/pool/ipc_mapping.hpp>
+#include <depot/pool/ipc_received.hpp>
 #include <depot/pool/memory_stats.hpp>
 #include <depot/pool/oom_handler.hpp>
 #include <depot/pool/pool.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -148,6 +151,43 @@ handle_table<any_ipc_mapping>& ipc_mappings()
 {
   static auto* t = new handle_table<any_ipc_mapping>{"mapping", "an open IPC mapping", "depot_ipc_open"};
   return *t;
+}
+
+// Out-values of depot_ipc_open and depot_ipc_receive cleared first (nothing on a refusal).
+depot_status clear_opened(const char* call, depot_ipc_mapping** mapping, void** ptr, size_t* bytes)
+{
+  if (mapping == nullptr) return fail(DEPOT_ERROR_INVALID_ARGUMENT, std::string{call} + ": mapping is NULL");
+  *mapping = nullptr;
+  if (ptr != nullptr) *ptr = nullptr;
+  if (bytes != nullptr) *bytes = 0;
+  return DEPOT_SUCCESS;
+}
+
+// Opens what `from` names (an ipc_handle, or an ipc_received with its descriptors) as a
+// mapping handle of the backend its handle names.
+template <class From>
+depot_status open_mapping(const depot::ipc_handle& h, const From& from, depot_ipc_mapping** mapping, void** ptr,
+                          size_t* bytes)
+{
+  const auto kind = static_cast<depot_device_kind>(h.device.kind);  // (the same numbers)
+  return with_backend(kind, [&]<class D>(D) {
+    auto m = std::make_unique<any_ipc_mapping>(std::in_place_type<depot::ipc_mapping<D>>, from);
+    void* const at = std::get<depot::ipc_mapping<D>>(*m).get();
+    *mapping = reinterpret_cast<depot_ipc_mapping*>(ipc_mappings().add(std::move(m)));
+    if (ptr != nullptr) *ptr = at;
+    if (bytes != nullptr) *bytes = static_cast<std::size_t>(h.requested);
+  });
+}
+
+// A C timeout: -1 none, else milliseconds (below -1 refused).
+std::optional<std::chrono::milliseconds> timeout_of(const char* call, int timeout_ms)
+{
+  if (timeout_ms < -1) {
+    throw depot::invalid_argument(std::string{call} + ": timeout_ms " + std::to_string(timeout_ms) +
+                                  " is neither -1 (no timeout) nor 0 or more milliseconds");
+  }
+  if (timeout_ms == -1) return std::nullopt;
+  return std::chrono::milliseconds{timeout_ms};
 }
 
 // The C callback as a depot::oom_handler (empty for NULL).
@@ -413,21 +453,35 @@ depot_status depot_ipc_export(depot_device_kind kind, int device, void* ptr, cha
 
 depot_status depot_ipc_open(const char* handle, depot_ipc_mapping** mapping, void** ptr, size_t* bytes)
 {
-  if (mapping == nullptr) return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_ipc_open: mapping is NULL");
-  *mapping = nullptr;
-  if (ptr != nullptr) *ptr = nullptr;
-  if (bytes != nullptr) *bytes = 0;
+  if (const depot_status st = clear_opened("depot_ipc_open", mapping, ptr, bytes); st != DEPOT_SUCCESS) return st;
   if (handle == nullptr) return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_ipc_open: handle is NULL");
   return guarded([&] {
     const depot::ipc_handle h = depot::ipc_handle::from_hex(handle);
-    const auto kind = static_cast<depot_device_kind>(h.device.kind);  // (the same numbers)
-    return with_backend(kind, [&]<class D>(D) {
-      auto m = std::make_unique<any_ipc_mapping>(std::in_place_type<depot::ipc_mapping<D>>, h);
-      void* const at = std::get<depot::ipc_mapping<D>>(*m).get();
-      *mapping = reinterpret_cast<depot_ipc_mapping*>(ipc_mappings().add(std::move(m)));
-      if (ptr != nullptr) *ptr = at;
-      if (bytes != nullptr) *bytes = static_cast<std::size_t>(h.requested);
-    });
+    return open_mapping(h, h, mapping, ptr, bytes);
+  });
+}
+
+depot_status depot_ipc_send(int socket, depot_device_kind kind, int device, void* ptr, int timeout_ms)
+{
+  return with_backend(kind, [&]<class D>(D) {
+    const auto timeout = timeout_of("depot_ipc_send", timeout_ms);
+    const depot::ipc_handle h = depot::pool<D>(device).ipc_export(ptr);
+    if (timeout) {
+      depot::ipc_send(socket, h, *timeout);
+    } else {
+      depot::ipc_send(socket, h);
+    }
+  });
+}
+
+depot_status depot_ipc_receive(int socket, int timeout_ms, depot_ipc_mapping** mapping, void** ptr, size_t* bytes)
+{
+  if (const depot_status st = clear_opened("depot_ipc_receive", mapping, ptr, bytes); st != DEPOT_SUCCESS) return st;
+  return guarded([&] {
+    const auto timeout = timeout_of("depot_ipc_receive", timeout_ms);
+    // (its descriptors are closed when it goes, after the mapping took the pages)
+    const depot::ipc_received r = timeout ? depot::ipc_receive(socket, *timeout) : depot::ipc_receive(socket);
+    return open_mapping(r.handle, r, mapping, ptr, bytes);
   });
 }
 

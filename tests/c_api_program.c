@@ -74,9 +74,13 @@ int main(void)
     EXPECT(depot_allocate(DEPOT_DEVICE_HOST, 0, 4096, NULL, &q) == DEPOT_SUCCESS);
     EXPECT(depot_ipc_export(DEPOT_DEVICE_HOST, 0, q, text, sizeof text, &text_length) == DEPOT_ERROR_NOT_SUPPORTED);
     EXPECT(text[0] == '\0');
+    EXPECT(depot_ipc_send(-1, DEPOT_DEVICE_HOST, 0, q, -1) == DEPOT_ERROR_NOT_SUPPORTED); /* nor sent */
     EXPECT(depot_deallocate(DEPOT_DEVICE_HOST, 0, q) == DEPOT_SUCCESS);
     EXPECT(depot_ipc_open("zz", &mapping, &q, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT && mapping == NULL);
     EXPECT(depot_ipc_close(NULL) == DEPOT_SUCCESS);
+    /* the socket calls: nothing to receive on a bad socket (the failing call named) */
+    EXPECT(depot_ipc_receive(-1, 0, &mapping, &q, &bytes) == DEPOT_ERROR_BACKEND && mapping == NULL && q == NULL);
+    EXPECT(strstr(depot_last_error(), "ipc_receive") != NULL);
     EXPECT(depot_ipc_close((depot_ipc_mapping*)fp) == DEPOT_ERROR_INVALID_ARGUMENT); /* not a mapping */
     EXPECT(strstr(depot_last_error(), "not an open IPC mapping") != NULL);
   }

@@ -149,6 +149,8 @@ program c_api_program_f
   call expect(depot_ipc_open('zz' // c_null_char, mapping, p, length) == DEPOT_ERROR_INVALID_ARGUMENT &
               .and. .not. c_associated(mapping), 'bad handle text refused')
   call expect(depot_ipc_close(c_null_ptr) == DEPOT_SUCCESS, 'close NULL')
+  call expect(depot_ipc_receive(-1_c_int, 0_c_int, mapping, p, length) == DEPOT_ERROR_BACKEND &
+              .and. .not. c_associated(mapping), 'receive on no socket')
 
   ! The same calls on a GPU, where this build has a GPU backend and the machine a device
   ! (tools/gpu-check runs this program on the GPU machine): the GPU part must say it ran.

@@ -14,6 +14,9 @@
 // twice, the requested size, depot_ipc_close of both, and a close of a closed mapping
 // refused).
 //
+// depot-ipc-child --c-receive EXPECT NEXT: as --c, for two handles of one block received on
+// descriptor 3 (depot_ipc_receive, 60 s each) on this build's GPU backend, device 0.
+//
 // depot-ipc-child --count HANDLE hold|refuse: the importer's counting alone, on any backend
 // (a stand-in backend whose mapping is a dummy address). hold: attaches twice, prints
 // "attached", waits for a line (or the end) on stdin, detaches both, prints "detached".
@@ -125,9 +128,10 @@ int run(const depot::ipc_received& r, int expect, int next)
   return 0;
 }
 
-// --c: the block through the C interface.
-template <depot::device D>
-int run_c(const char* text, int expect, int next)
+// --c and --c-receive: the block through the C interface, opened twice by open(&mapping,
+// &ptr, &bytes); `requested` its size (0: not known here), `device` its device index.
+template <depot::device D, class Open>
+int run_c(const Open& open, std::size_t requested, int device, int expect, int next)
 {
   const auto failed = [](const char* what, depot_status st) {
     std::fprintf(stderr, "depot-ipc-child --c: %s: %s: %s\n", what, depot_status_name(st), depot_last_error());
@@ -139,12 +143,10 @@ int run_c(const char* text, int expect, int next)
   void* q = nullptr;
   std::size_t bytes = 0;
   std::size_t bytes_again = 0;
-  if (const depot_status st = depot_ipc_open(text, &m, &p, &bytes); st != DEPOT_SUCCESS) return failed("open", st);
-  if (const depot_status st = depot_ipc_open(text, &again, &q, &bytes_again); st != DEPOT_SUCCESS) {
-    return failed("second open", st);
-  }
-  const depot::ipc_handle h = depot::ipc_handle::from_hex(text);
-  if (p == nullptr || p != q || m == again || bytes != h.requested || bytes_again != bytes) {
+  if (const depot_status st = open(&m, &p, &bytes); st != DEPOT_SUCCESS) return failed("open", st);
+  if (const depot_status st = open(&again, &q, &bytes_again); st != DEPOT_SUCCESS) return failed("second open", st);
+  if (p == nullptr || p != q || m == again || bytes == 0 || (requested != 0 && bytes != requested) ||
+      bytes_again != bytes) {
     std::fprintf(stderr, "depot-ipc-child --c: two opens gave %p and %p (%zu and %zu bytes, handles %p %p)\n", p,
                  q, bytes, bytes_again, static_cast<void*>(m), static_cast<void*>(again));
     return 1;
@@ -158,7 +160,7 @@ int run_c(const char* text, int expect, int next)
     }
   }
   depot::runtime<D>::set_async(p, next, seen.size(), nullptr);
-  depot::runtime<D>::synchronize(h.device.index);
+  depot::runtime<D>::synchronize(device);
   if (const depot_status st = depot_ipc_close(again); st != DEPOT_SUCCESS) return failed("close", st);
   if (const depot_status st = depot_ipc_close(m); st != DEPOT_SUCCESS) return failed("close", st);
   if (depot_ipc_close(m) != DEPOT_ERROR_INVALID_ARGUMENT) {
@@ -180,16 +182,36 @@ int main(int argc, char** argv)
       return 1;
     }
   }
+  if (argc == 4 && std::string{argv[1]} == "--c-receive") {
+    [[maybe_unused]] const auto receive = [](depot_ipc_mapping** m, void** p, std::size_t* bytes) {
+      return depot_ipc_receive(3, 60000, m, p, bytes);
+    };
+    [[maybe_unused]] const int expect = std::atoi(argv[2]);
+    [[maybe_unused]] const int next = std::atoi(argv[3]);
+#if DEPOT_HAS_CUDA
+    return run_c<depot::cuda>(receive, 0, 0, expect, next);
+#elif DEPOT_HAS_HIP
+    return run_c<depot::hip>(receive, 0, 0, expect, next);
+#else
+    std::fprintf(stderr, "depot-ipc-child --c-receive: this build has no GPU backend\n");
+    return 1;
+#endif
+  }
   if (argc == 5 && std::string{argv[1]} == "--c") {
     try {
-      const int expect = std::atoi(argv[3]);
-      const int next = std::atoi(argv[4]);
-      switch (depot::ipc_handle::from_hex(argv[2]).device.kind) {
+      const char* text = argv[2];
+      [[maybe_unused]] const int expect = std::atoi(argv[3]);
+      [[maybe_unused]] const int next = std::atoi(argv[4]);
+      [[maybe_unused]] const auto open = [text](depot_ipc_mapping** m, void** p, std::size_t* bytes) {
+        return depot_ipc_open(text, m, p, bytes);
+      };
+      const depot::ipc_handle h = depot::ipc_handle::from_hex(text);
+      switch (h.device.kind) {
 #if DEPOT_HAS_CUDA
-        case depot::device_kind::cuda: return run_c<depot::cuda>(argv[2], expect, next);
+        case depot::device_kind::cuda: return run_c<depot::cuda>(open, h.requested, h.device.index, expect, next);
 #endif
 #if DEPOT_HAS_HIP
-        case depot::device_kind::hip: return run_c<depot::hip>(argv[2], expect, next);
+        case depot::device_kind::hip: return run_c<depot::hip>(open, h.requested, h.device.index, expect, next);
 #endif
         default: break;
       }
@@ -200,7 +222,8 @@ int main(int argc, char** argv)
     return 1;
   }
   if (argc != 4) {
-    std::fprintf(stderr, "usage: depot-ipc-child HANDLE|--receive EXPECT NEXT | --c HANDLE EXPECT NEXT | --count HANDLE hold|refuse\n");
+    std::fprintf(stderr, "usage: depot-ipc-child HANDLE|--receive EXPECT NEXT | --c HANDLE EXPECT NEXT | --c-receive EXPECT NEXT | "
+                 "--count HANDLE hold|refuse\n");
     return 1;
   }
   try {

@@ -19,6 +19,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -699,14 +702,38 @@ TEST_CASE_TEMPLATE("c_api: a graph capture's allocations come from its own pool 
   CHECK(depot_empty_cache(k, 0) == DEPOT_SUCCESS);
 }
 
+// A block of n bytes of the process pool of D's device 0, every byte 7 (for the IPC tests).
+template <depot::device D>
+void* sevens(std::size_t n)
+{
+  void* block = nullptr;
+  REQUIRE(depot_allocate(kind_of<D>(), 0, n, nullptr, &block) == DEPOT_SUCCESS);
+  depot::runtime<D>::set_async(block, 7, n, nullptr);
+  depot::runtime<D>::synchronize(0);
+  return block;
+}
+
+// The out-values of depot_ipc_open / depot_ipc_receive (mapping, pointer, bytes), set to
+// markers: check_cleared() checks that a refused call cleared them all, then sets them again.
+struct opened_outs {
+  int marked = 0;
+  std::tuple<depot_ipc_mapping*, void*, std::size_t> values;
+  opened_outs() { mark(); }
+  void mark() { values = {reinterpret_cast<depot_ipc_mapping*>(std::uintptr_t{0x5eed}), &marked, 5}; }
+  void check_cleared()
+  {
+    CHECK(std::get<0>(values) == nullptr);
+    CHECK(std::get<1>(values) == nullptr);
+    CHECK(std::get<2>(values) == 0);
+    mark();
+  }
+};
+
 TEST_CASE_TEMPLATE("c_api: IPC export, open and close; bad input refused", D, DEPOT_TEST_DEVICES)
 {
   const depot_device_kind k = kind_of<D>();
   constexpr std::size_t n = 3 << 20;
-  void* block = nullptr;
-  REQUIRE(depot_allocate(k, 0, n, nullptr, &block) == DEPOT_SUCCESS);
-  depot::runtime<D>::set_async(block, 7, n, nullptr);
-  depot::runtime<D>::synchronize(0);
+  void* const block = sevens<D>(n);
   char text[512] = "unchanged";
   std::size_t length = 99;
 
@@ -722,17 +749,9 @@ TEST_CASE_TEMPLATE("c_api: IPC export, open and close; bad input refused", D, DE
         DEPOT_ERROR_INVALID_ARGUMENT);
   CHECK(depot_ipc_export(k, -1, block, text, sizeof text, &length) == DEPOT_ERROR_INVALID_ARGUMENT);
   CHECK(length == 99);
-  auto* m = reinterpret_cast<depot_ipc_mapping*>(std::uintptr_t{0x5eed});
-  void* p = &local;
-  std::size_t bytes = 5;
-  const auto check_nothing_opened = [&] {
-    CHECK(m == nullptr);
-    CHECK(p == nullptr);
-    CHECK(bytes == 0);
-    m = reinterpret_cast<depot_ipc_mapping*>(std::uintptr_t{0x5eed});
-    p = &local;
-    bytes = 5;
-  };
+  opened_outs out;
+  auto& [m, p, bytes] = out.values;
+  const auto check_nothing_opened = [&] { out.check_cleared(); };
   CHECK(depot_ipc_open(nullptr, &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
   CHECK(has(depot_last_error(), "handle is NULL"));
   check_nothing_opened();
@@ -792,6 +811,100 @@ TEST_CASE_TEMPLATE("c_api: IPC export, open and close; bad input refused", D, DE
   REQUIRE(depot_deallocate(k, 0, block) == DEPOT_SUCCESS);
   // A freed block is no longer live: refused.
   CHECK(depot_ipc_export(k, 0, block, text, sizeof text, &length) == DEPOT_ERROR_INVALID_ARGUMENT);
+}
+
+TEST_CASE_TEMPLATE("c_api: IPC over a Unix socket (depot_ipc_send, depot_ipc_receive); bad input refused", D,
+                   DEPOT_TEST_DEVICES)
+{
+  const depot_device_kind k = kind_of<D>();
+  constexpr std::size_t n = 3 << 20;
+  void* const block = sevens<D>(n);
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  // A framed message as ipc_send writes one: the text's length (4 bytes), then the text.
+  const auto write_framed = [&](const std::string& text) {
+    const auto length = static_cast<std::uint32_t>(text.size());
+    REQUIRE(::write(sv[0], &length, 4) == 4);
+    REQUIRE(::write(sv[0], text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  };
+  int local = 0;
+  opened_outs out;
+  auto& [m, p, bytes] = out.values;
+  const auto check_nothing_opened = [&] { out.check_cleared(); };
+
+  // Bad input, on every backend: refused, nothing sent or opened.
+  CHECK(depot_ipc_send(sv[0], k, 0, &local, -1) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), depot::format_address(&local)));
+  CHECK(depot_ipc_send(sv[0], k, 0, block, -2) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "timeout_ms -2 is neither -1 (no timeout) nor 0 or more milliseconds"));
+  CHECK(depot_ipc_send(sv[0], static_cast<depot_device_kind>(7), 0, block, -1) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(depot_ipc_send(sv[0], k, -1, block, -1) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(depot_ipc_receive(sv[1], -1, nullptr, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "depot_ipc_receive: mapping is NULL"));
+  CHECK(depot_ipc_receive(sv[1], -2, &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "timeout_ms -2"));
+  check_nothing_opened();
+  // Nothing was sent by the refused calls: nothing is ready.
+  CHECK(depot_ipc_receive(sv[1], 0, &m, &p, &bytes) == DEPOT_ERROR_BACKEND);
+  CHECK(has(depot_last_error(), "ipc_receive"));
+  check_nothing_opened();
+  // Data that is no handle, a handle too long to be one, a handle of a device past the last.
+  write_framed("not a handle");
+  CHECK(depot_ipc_receive(sv[1], 1000, &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
+  check_nothing_opened();
+  const std::uint32_t huge = 1U << 30;
+  REQUIRE(::write(sv[0], &huge, 4) == 4);
+  CHECK(depot_ipc_receive(sv[1], 1000, &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "a handle of 1073741824 characters announced"));
+  check_nothing_opened();
+  ::close(sv[0]);
+  ::close(sv[1]);
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  depot::ipc_handle made_up;
+  made_up.device = depot::device_id::of<D>(depot::device_count<D>());
+  made_up.size = made_up.requested = 512;
+  write_framed(made_up.to_hex());
+  CHECK(depot_ipc_receive(sv[1], 1000, &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
+  check_nothing_opened();
+  // A socket whose other end is closed: a failing call, named.
+  ::close(sv[0]);
+  CHECK(depot_ipc_receive(sv[1], -1, &m, &p, &bytes) == DEPOT_ERROR_BACKEND);
+  CHECK(has(depot_last_error(), "ipc_receive"));
+  check_nothing_opened();
+  ::close(sv[1]);
+
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  if constexpr (!depot::runtime<D>::has_ipc) {
+    // The host backend's memory is the process's own: sending says so, and sends nothing.
+    CHECK(depot_ipc_send(sv[0], k, 0, block, -1) == DEPOT_ERROR_NOT_SUPPORTED);
+    CHECK(has(depot_last_error(), "cannot share memory"));
+    CHECK(depot_ipc_receive(sv[1], 0, &m, &p, &bytes) == DEPOT_ERROR_BACKEND);
+    check_nothing_opened();
+  } else {
+    // A socket that fails: named, nothing opened on the other end.
+    CHECK(depot_ipc_send(-1, k, 0, block, -1) == DEPOT_ERROR_BACKEND);
+    CHECK(has(depot_last_error(), "ipc_send"));
+    // In this process the received handle opens to the block itself.
+    REQUIRE(depot_ipc_send(sv[0], k, 0, block, 10000) == DEPOT_SUCCESS);
+    REQUIRE(depot_ipc_receive(sv[1], 10000, &m, &p, &bytes) == DEPOT_SUCCESS);
+    CHECK(p == block);
+    CHECK(bytes == n);
+    CHECK(depot_ipc_close(m) == DEPOT_SUCCESS);
+    CHECK(depot_ipc_close(m) == DEPOT_ERROR_INVALID_ARGUMENT);
+    // Another process receives it twice (once sent with no timeout, once with one), finds
+    // 7s, writes 9s and closes both mappings.
+    depot::test::allow_children_to_take_descriptors();
+    const pid_t child = depot::test::spawn_ipc_child({"--c-receive", "7", "9"}, {{sv[1], 3}});
+    CHECK(depot_ipc_send(sv[0], k, 0, block, -1) == DEPOT_SUCCESS);
+    CHECK(depot_ipc_send(sv[0], k, 0, block, 10000) == DEPOT_SUCCESS);
+    CHECK(depot::test::exit_status(child) == 0);
+    std::vector<unsigned char> seen(n);
+    depot::runtime<D>::copy(seen.data(), block, n);
+    CHECK(std::count(seen.begin(), seen.end(), 9) == static_cast<std::ptrdiff_t>(n));
+  }
+  ::close(sv[0]);
+  ::close(sv[1]);
+  REQUIRE(depot_deallocate(k, 0, block) == DEPOT_SUCCESS);
 }
 
 TEST_CASE("c_api: the handle table refuses removed and made-up handles and frees after the last hold")

@@ -222,6 +222,21 @@ typedef struct depot_ipc_mapping depot_ipc_mapping;
 depot_status depot_ipc_open(const char* handle, depot_ipc_mapping** mapping, void** ptr, size_t* bytes);
 /* Unmaps (NULL is a no-op); the pointer depot_ipc_open gave is invalid after. */
 depot_status depot_ipc_close(depot_ipc_mapping* mapping);
+/* The block's handle over a connected Unix socket (SOCK_STREAM or SOCK_SEQPACKET), with the
+ * descriptors of its pages when it lies in an expandable segment (SCM_RIGHTS), so the
+ * receiver maps them without taking them from this process (no ptrace permission needed,
+ * as depot_ipc_open's text would need for such a block). Exports the block as
+ * depot_ipc_export does. timeout_ms -1 waits as long as it takes (a non-blocking socket is
+ * polled); 0 or more: the whole handle must go within it, else DEPOT_ERROR_BACKEND
+ * (ETIMEDOUT), the socket left mid-handle (close it). A failing socket call is
+ * DEPOT_ERROR_BACKEND naming it. */
+depot_status depot_ipc_send(int socket, depot_device_kind kind, int device, void* ptr, int timeout_ms);
+/* Receives what depot_ipc_send (or C++'s depot::ipc_send) sent and opens it, as
+ * depot_ipc_open does: *mapping, *ptr (may be NULL) and *bytes (may be NULL). timeout_ms as
+ * for depot_ipc_send (0 takes only what is ready now). A closed socket, a failing call or
+ * the timeout is DEPOT_ERROR_BACKEND; data that is no handle DEPOT_ERROR_INVALID_ARGUMENT;
+ * nothing is left open then. The received descriptors are closed once mapped. */
+depot_status depot_ipc_receive(int socket, int timeout_ms, depot_ipc_mapping** mapping, void** ptr, size_t* bytes);
 
 /* The message of the calling thread's last failed call ("" if none failed yet); valid
  * until its next failed call. */

@@ -47,7 +47,7 @@ module depot_pool
   end type depot_fixed_pool_stats
 
   public :: depot_begin_capture, depot_end_capture, depot_release_capture_pool
-  public :: depot_ipc_export, depot_ipc_open, depot_ipc_close
+  public :: depot_ipc_export, depot_ipc_open, depot_ipc_close, depot_ipc_send, depot_ipc_receive
   public :: depot_fixed_pool_create, depot_fixed_pool_destroy, depot_fixed_pool_allocate, &
             depot_fixed_pool_deallocate, depot_fixed_pool_defragment, depot_fixed_pool_get_stats, &
             depot_fixed_pool_set_oom_handler
@@ -262,6 +262,21 @@ module depot_pool
       import :: c_int, c_ptr
       type(c_ptr), value :: mapping
     end function depot_ipc_close
+
+    ! socket: a connected Unix socket's descriptor; timeout_ms: -1 none, else milliseconds
+    integer(c_int) function depot_ipc_send(socket, kind, device, ptr, timeout_ms) bind(c, name='depot_ipc_send')
+      import :: c_int, c_ptr
+      integer(c_int), value :: socket, kind, device, timeout_ms
+      type(c_ptr), value :: ptr
+    end function depot_ipc_send
+
+    integer(c_int) function depot_ipc_receive(socket, timeout_ms, mapping, ptr, bytes) &
+        bind(c, name='depot_ipc_receive')
+      import :: c_int, c_size_t, c_ptr
+      integer(c_int), value :: socket, timeout_ms
+      type(c_ptr), intent(out) :: mapping, ptr
+      integer(c_size_t), intent(out) :: bytes
+    end function depot_ipc_receive
 
     type(c_ptr) function depot_last_error() bind(c, name='depot_last_error')
       import :: c_ptr
