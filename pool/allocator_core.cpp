@@ -820,11 +820,7 @@ struct stat_delta {
     added[p + q_active] += size;
     added[p + q_num_allocations] += 1;
     op |= small ? op_alloc_small | op_small : op_alloc_large | op_large;
-    // requested <= allocated per block; active moves with allocated except for frees
-    // awaiting events, which check it themselves (sub_active)
-    if (net[p + q_allocated] > limit || net[p + q_requested] > limit || net[p + q_active] > limit) [[unlikely]] {
-      due |= due_drift;
-    }
+    // (whether a figure drifted past `limit`: end_op, with the highs' bounds)
   }
   // A free (active bytes stay until the block is back in the cache).
   [[gnu::always_inline]] void count_free(bool small, std::size_t size_bytes, std::size_t requested) noexcept
@@ -845,10 +841,7 @@ struct stat_delta {
     const std::size_t i = (small ? 8U : 0U) + q_inactive_split;
     net[i] += static_cast<std::int64_t>(n);
     added[i] += static_cast<std::int64_t>(n);
-    op |= op_split | pool_bit(small);
-    if (net[i] > limit) [[unlikely]] {
-      due |= due_drift;
-    }
+    op |= op_split | pool_bit(small);  // (drift: end_op)
   }
   [[gnu::always_inline]] void sub_split(bool small, std::size_t n) noexcept { decrease(small, q_inactive_split, n); }
   // sub_split(small, n) if `counted`, else nothing, without a branch: whether a block
@@ -906,7 +899,8 @@ struct stat_delta {
   }
   [[gnu::always_inline]] void aim_at(std::size_t p, unsigned q) noexcept
   {
-    bound[q] = std::min(high[p + q], all_high[q] - net[(8U - p) + q]);
+    const std::int64_t b = std::min(high[p + q], all_high[q] - net[(8U - p) + q]);
+    bound[q] = q == q_num_allocations ? b : std::min(b, limit);  // (a count has no drift bound)
   }
   [[gnu::always_inline]] void aim_cached(std::size_t p) noexcept
   {
@@ -919,6 +913,7 @@ struct stat_delta {
     if (net[p + q] > bound[q]) [[unlikely]] {
       raise(high[p + q], net[p + q]);
       raise_all(q);
+      if (q != q_num_allocations && net[p + q] > limit) due |= due_drift;
       aim_at(p, q);
     }
   }
@@ -944,6 +939,9 @@ struct stat_delta {
   {
     for (unsigned p = 0; p < 16; p += 8) {
       for (unsigned q = 0; q < q_count; ++q) raise(high[p + q], net[p + q]);
+      for (unsigned q : {q_allocated, q_requested, q_active, q_inactive_split}) {
+        if (net[p + q] > limit) due |= due_drift;
+      }
     }
     for (unsigned q = 0; q < q_count; ++q) raise_all(q);
     raise_cached();
@@ -1110,6 +1108,7 @@ struct shared_stats {
     if (fresh && d.batch != 0 && !d.short_window) open_window(d);
     if ((d.due & stat_delta::due_drift) != 0 && !d.overdrawn()) {
       d.limit = stat_delta::k_no_limit;
+      d.drop_bound();  // (the bounds held the limit)
       overdrawn.store(&d, std::memory_order_release);
     }
     d.due &= ~stat_delta::k_due_bits;  // the operations stay counted
