@@ -756,7 +756,9 @@ struct stat_delta {
            (from.due & (due_now | due_drift)) == 0;
   }
 
-  static constexpr std::uint32_t pool_bit(bool small) noexcept { return small ? op_small : op_large; }
+  // (shifts, not selects: each small bit is its large bit's next)
+  static_assert(op_small == op_large << 1 && op_alloc_small == op_alloc_large << 1);
+  static constexpr std::uint32_t pool_bit(bool small) noexcept { return op_large << unsigned{small}; }
   [[gnu::always_inline]] static void raise(std::int64_t& high, std::int64_t v) noexcept
   {
     if (v > high) [[unlikely]] {
@@ -779,7 +781,8 @@ struct stat_delta {
       }
     }
     if (kind == bound_kind) {
-      const std::size_t p = (o & op_small) != 0 ? 8U : 0U;
+      const std::size_t p = (kind & op_small) >> 3U;  // 8 for the small pool, else 0
+      static_assert(op_small >> 3U == 8U && (op_large & op_small) == 0);
       if ((o & (op_alloc_large | op_alloc_small)) != 0) {
         near(p, q_allocated);
         near(p, q_requested);
@@ -819,7 +822,7 @@ struct stat_delta {
     added[p + q_requested] += bytes;
     added[p + q_active] += size;
     added[p + q_num_allocations] += 1;
-    op |= small ? op_alloc_small | op_small : op_alloc_large | op_large;
+    op |= (op_alloc_large | op_large) << unsigned{small};
     // (whether a figure drifted past `limit`: end_op, with the highs' bounds)
   }
   // A free (active bytes stay until the block is back in the cache).

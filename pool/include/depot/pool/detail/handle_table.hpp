@@ -3,6 +3,7 @@
 #pragma once
 
 #include <depot/hal/format_address.hpp>
+#include <depot/pool/detail/fork_leaf_mutex.hpp>
 
 #include <algorithm>
 #include <array>
@@ -24,7 +25,8 @@ namespace depot::detail {
 // with std::invalid_argument, never mistaken for another object. A lookup holds the object
 // (find: a hold) without a lock and without touching any line but its slot's, so threads
 // on different objects share nothing; a removal does not wait for holds: the last of them
-// to end destroys the object. Thread-safe; add() and the final destruction take a mutex.
+// to end destroys the object. Thread-safe; add() and the final destruction take a mutex,
+// a leaf that fork() never leaves locked in the child (fork_leaf_mutex).
 // Up to 2^24 objects live at once; handles stay unique for 2^39 removals per slot.
 template <class T>
 class handle_table {
@@ -180,7 +182,7 @@ class handle_table {
   const char* live_;
   const char* maker_;
   std::array<std::atomic<slot*>, k_slots / k_chunk> chunks_{};
-  std::mutex mu_;
+  fork_leaf_mutex mu_;
   std::vector<std::uint32_t> free_;
   std::uint32_t used_ = 0;
 };
