@@ -671,16 +671,17 @@ struct stat_delta {
   std::array<std::int64_t, 3> cached_high{};  // large, small, all
   // For the pool `bound_kind` (op_large, op_small; 0: none): per hot quantity, the
   // highest its net may reach at a boundary with neither the pool's high nor the sum's
-  // high moving, min(high[p + q], all_high[q] - net[o + q]) (o the other pool), and the
-  // same for cached bytes (bound[q_reserved]). Set by aim(p) at the first operation of
-  // pool p that raises a figure after one of the other pool did (the other pool's net
-  // enters the bound) and lowered with the highs; a high that moves otherwise (publish,
-  // open_window, raise_everything) drops the bound. While the bound is p's, the other
-  // pool's nets have not risen (an operation that raises one of them aims at its pool
-  // first; one that only lowers them leaves the bound lower than it could be, which costs
-  // at most a needless raise), so a figure at or under its bound moves no high: at 64 MiB
-  // requests this took 8 of the 14 compare-and-branches of a pair (each pool's high and the
-  // sum's) and their additions.
+  // high moving, min(high[p + q], all_high[q] - net[o + q]) (o the other pool), for bytes
+  // also at most `limit` (the drift check of a rising figure); the same for cached bytes
+  // (bound[q_reserved], no limit). Set by aim() at the end of the first operation of pool
+  // p after one of the other pool (the other pool's net enters the bound), and moved up by
+  // near() with the highs it raises; publish, open_window, raise_everything and a change of
+  // `limit` drop it. While the bound is p's, the other pool's nets have not risen (an
+  // operation of that pool aims at it first; a fall there leaves p's bound lower than it
+  // could be, which costs at most a needless raise), so a figure at or under its bound
+  // moves no high and has not drifted: at 64 MiB requests this took 8 of the 14
+  // compare-and-branches of a pair (each pool's high and the sum's) and their additions,
+  // and the drift checks of an allocation.
   std::array<std::int64_t, q_count> bound{};
   std::uint32_t bound_kind = 0;
   // Headroom, set at a window's first operation (shared_stats::open_window): how far each
