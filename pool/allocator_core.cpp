@@ -621,6 +621,12 @@ enum quantity : unsigned {
   q_num_segments,
   q_count
 };
+// The quantities an allocation or a split raises: their highs follow every operation
+// (stat_delta::bound, shared_stats::open_window); the others change with segments only.
+constexpr std::array<unsigned, 5> k_hot_quantities{q_allocated, q_requested, q_active, q_inactive_split,
+                                                   q_num_allocations};
+// Of those, the byte figures (a count has no drift bound).
+constexpr std::array<unsigned, 4> k_hot_bytes{q_allocated, q_requested, q_active, q_inactive_split};
 
 // A lock for a few dozen instructions that never block: one exchange to take, a plain
 // store to give back (std::mutex pays a second read-modify-write to unlock).
@@ -760,6 +766,8 @@ struct stat_delta {
   // (shifts, not selects: each small bit is its large bit's next)
   static_assert(op_small == op_large << 1 && op_alloc_small == op_alloc_large << 1);
   static constexpr std::uint32_t pool_bit(bool small) noexcept { return op_large << unsigned{small}; }
+  // The first cell of the pool of `kind` (op_large: 0, op_small: 8), by a shift.
+  static constexpr std::size_t cells_of(std::uint32_t kind) noexcept { return (kind & op_small) >> 3U; }
   [[gnu::always_inline]] static void raise(std::int64_t& high, std::int64_t v) noexcept
   {
     if (v > high) [[unlikely]] {
@@ -782,8 +790,7 @@ struct stat_delta {
       }
     }
     if (kind == bound_kind) {
-      const std::size_t p = (kind & op_small) >> 3U;  // 8 for the small pool, else 0
-      static_assert(op_small >> 3U == 8U && (op_large & op_small) == 0);
+      const std::size_t p = cells_of(kind);
       if ((o & (op_alloc_large | op_alloc_small)) != 0) {
         near(p, q_allocated);
         near(p, q_requested);
@@ -896,8 +903,8 @@ struct stat_delta {
   // The bounds of the pool of `kind` (op_large or op_small; see bound).
   [[gnu::noinline]] void aim(std::uint32_t kind) noexcept
   {
-    const std::size_t p = kind == op_small ? 8U : 0U;
-    for (unsigned q : {q_allocated, q_requested, q_active, q_inactive_split, q_num_allocations}) aim_at(p, q);
+    const std::size_t p = cells_of(kind);
+    for (unsigned q : k_hot_quantities) aim_at(p, q);
     aim_cached(p);
     bound_kind = kind;
   }
@@ -943,7 +950,7 @@ struct stat_delta {
   {
     for (unsigned p = 0; p < 16; p += 8) {
       for (unsigned q = 0; q < q_count; ++q) raise(high[p + q], net[p + q]);
-      for (unsigned q : {q_allocated, q_requested, q_active, q_inactive_split}) {
+      for (unsigned q : k_hot_bytes) {
         if (net[p + q] > limit) due |= due_drift;
       }
     }
@@ -953,6 +960,7 @@ struct stat_delta {
   }
 };
 static_assert(q_count <= 8);
+static_assert(stat_delta::cells_of(stat_delta::op_large) == 0 && stat_delta::cells_of(stat_delta::op_small) == 8);
 
 // The allocator's figures, shared by its stream caches: what their stat_deltas published.
 // Written under `mu` with plain loads and stores of relaxed atomics, so readers that need
@@ -1191,13 +1199,13 @@ struct shared_stats {
       return std::max<std::int64_t>(peak_now - value_now, 0);
     };
     for (unsigned p : {0U, 8U}) {
-      for (unsigned q : {q_allocated, q_requested, q_active, q_inactive_split, q_num_allocations}) {
+      for (unsigned q : k_hot_quantities) {
         const unsigned i = p + q;
         d.room[i] = headroom(get(peak[i]), get(value[i]));
         d.high[i] = std::max(d.high[i], d.room[i]);
       }
     }
-    for (unsigned q : {q_allocated, q_requested, q_active, q_inactive_split, q_num_allocations}) {
+    for (unsigned q : k_hot_quantities) {
       d.all_room[q] = headroom(get(all_peak[q]), total(static_cast<quantity>(q)));
       d.all_high[q] = std::max(d.all_high[q], d.all_room[q]);
     }

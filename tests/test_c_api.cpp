@@ -751,17 +751,16 @@ TEST_CASE_TEMPLATE("c_api: IPC export, open and close; bad input refused", D, DE
   CHECK(length == 99);
   opened_outs out;
   auto& [m, p, bytes] = out.values;
-  const auto check_nothing_opened = [&] { out.check_cleared(); };
   CHECK(depot_ipc_open(nullptr, &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
   CHECK(has(depot_last_error(), "handle is NULL"));
-  check_nothing_opened();
+  out.check_cleared();
   CHECK(depot_ipc_open("not a handle", &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
-  check_nothing_opened();
+  out.check_cleared();
   depot::ipc_handle made_up;
   made_up.device = depot::device_id::of<D>(depot::device_count<D>());  // one past the last device
   made_up.size = made_up.requested = 512;
   CHECK(depot_ipc_open(made_up.to_hex().c_str(), &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
-  check_nothing_opened();
+  out.check_cleared();
   CHECK(depot_ipc_open(made_up.to_hex().c_str(), nullptr, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
   CHECK(has(depot_last_error(), "mapping is NULL"));
   CHECK(depot_ipc_close(m) == DEPOT_ERROR_INVALID_ARGUMENT);
@@ -776,7 +775,7 @@ TEST_CASE_TEMPLATE("c_api: IPC export, open and close; bad input refused", D, DE
     made_up.device = depot::device_id::of<D>(0);  // (no text names a host block)
     CHECK(depot_ipc_open(made_up.to_hex().c_str(), &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
     CHECK(has(depot_last_error(), "has no interprocess memory"));
-    check_nothing_opened();
+    out.check_cleared();
   } else {
     // The length alone, then a buffer one byte short (refused, not cut), then the handle.
     length = 0;
@@ -833,7 +832,6 @@ TEST_CASE_TEMPLATE("c_api: IPC over a Unix socket (depot_ipc_send, depot_ipc_rec
   int local = 0;
   opened_outs out;
   auto& [m, p, bytes] = out.values;
-  const auto check_nothing_opened = [&] { out.check_cleared(); };
 
   // Bad input, on every backend: refused, nothing sent or opened.
   CHECK(depot_ipc_send(sv[0], k, 0, &local, -1) == DEPOT_ERROR_INVALID_ARGUMENT);
@@ -846,20 +844,20 @@ TEST_CASE_TEMPLATE("c_api: IPC over a Unix socket (depot_ipc_send, depot_ipc_rec
   CHECK(has(depot_last_error(), "depot_ipc_receive: mapping is NULL"));
   CHECK(depot_ipc_receive(sv[1], -2, &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
   CHECK(has(depot_last_error(), "timeout_ms -2"));
-  check_nothing_opened();
+  out.check_cleared();
   // Nothing was sent by the refused calls: nothing is ready.
   CHECK(depot_ipc_receive(sv[1], 0, &m, &p, &bytes) == DEPOT_ERROR_BACKEND);
   CHECK(has(depot_last_error(), "ipc_receive"));
-  check_nothing_opened();
+  out.check_cleared();
   // Data that is no handle, a handle too long to be one, a handle of a device past the last.
   write_framed("not a handle");
   CHECK(depot_ipc_receive(sv[1], 1000, &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
-  check_nothing_opened();
+  out.check_cleared();
   const std::uint32_t huge = 1U << 30;
   REQUIRE(::write(sv[0], &huge, 4) == 4);
   CHECK(depot_ipc_receive(sv[1], 1000, &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
   CHECK(has(depot_last_error(), "a handle of 1073741824 characters announced"));
-  check_nothing_opened();
+  out.check_cleared();
   ::close(sv[0]);
   ::close(sv[1]);
   REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
@@ -868,12 +866,12 @@ TEST_CASE_TEMPLATE("c_api: IPC over a Unix socket (depot_ipc_send, depot_ipc_rec
   made_up.size = made_up.requested = 512;
   write_framed(made_up.to_hex());
   CHECK(depot_ipc_receive(sv[1], 1000, &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
-  check_nothing_opened();
+  out.check_cleared();
   // A socket whose other end is closed: a failing call, named.
   ::close(sv[0]);
   CHECK(depot_ipc_receive(sv[1], -1, &m, &p, &bytes) == DEPOT_ERROR_BACKEND);
   CHECK(has(depot_last_error(), "ipc_receive"));
-  check_nothing_opened();
+  out.check_cleared();
   ::close(sv[1]);
 
   REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
@@ -882,7 +880,7 @@ TEST_CASE_TEMPLATE("c_api: IPC over a Unix socket (depot_ipc_send, depot_ipc_rec
     CHECK(depot_ipc_send(sv[0], k, 0, block, -1) == DEPOT_ERROR_NOT_SUPPORTED);
     CHECK(has(depot_last_error(), "cannot share memory"));
     CHECK(depot_ipc_receive(sv[1], 0, &m, &p, &bytes) == DEPOT_ERROR_BACKEND);
-    check_nothing_opened();
+    out.check_cleared();
   } else {
     // A socket that fails: named, nothing opened on the other end.
     CHECK(depot_ipc_send(-1, k, 0, block, -1) == DEPOT_ERROR_BACKEND);
