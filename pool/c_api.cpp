@@ -153,6 +153,13 @@ handle_table<any_ipc_mapping>& ipc_mappings()
   return *t;
 }
 
+handle_table<depot::ipc_received>& ipc_receiveds()
+{
+  static auto* t =
+      new handle_table<depot::ipc_received>{"received", "a held received IPC handle", "depot_ipc_receive_handle"};
+  return *t;
+}
+
 // Out-values of depot_ipc_open and depot_ipc_receive cleared first (nothing on a refusal).
 depot_status clear_opened(const char* call, depot_ipc_mapping** mapping, void** ptr, size_t* bytes)
 {
@@ -482,6 +489,54 @@ depot_status depot_ipc_receive(int socket, int timeout_ms, depot_ipc_mapping** m
     // (its descriptors are closed when it goes, after the mapping took the pages)
     const depot::ipc_received r = timeout ? depot::ipc_receive(socket, *timeout) : depot::ipc_receive(socket);
     return open_mapping(r.handle, r, mapping, ptr, bytes);
+  });
+}
+
+depot_status depot_ipc_receive_handle(int socket, int timeout_ms, depot_ipc_received** received)
+{
+  if (received == nullptr) return fail(DEPOT_ERROR_INVALID_ARGUMENT, "depot_ipc_receive_handle: received is NULL");
+  *received = nullptr;
+  return guarded([&] {
+    const auto timeout = timeout_of("depot_ipc_receive_handle", timeout_ms);
+    auto r = std::make_unique<depot::ipc_received>(timeout ? depot::ipc_receive(socket, *timeout)
+                                                           : depot::ipc_receive(socket));
+    *received = reinterpret_cast<depot_ipc_received*>(ipc_receiveds().add(std::move(r)));
+    return DEPOT_SUCCESS;
+  });
+}
+
+depot_status depot_ipc_forward(int socket, const depot_ipc_received* received, int timeout_ms)
+{
+  return guarded([&] {
+    const auto timeout = timeout_of("depot_ipc_forward", timeout_ms);
+    const auto r = ipc_receiveds().find("depot_ipc_forward", received);
+    if (timeout) {
+      depot::ipc_send(socket, *r, *timeout);
+    } else {
+      depot::ipc_send(socket, *r);
+    }
+    return DEPOT_SUCCESS;
+  });
+}
+
+depot_status depot_ipc_open_received(const depot_ipc_received* received, depot_ipc_mapping** mapping, void** ptr,
+                                     size_t* bytes)
+{
+  if (const depot_status st = clear_opened("depot_ipc_open_received", mapping, ptr, bytes); st != DEPOT_SUCCESS) {
+    return st;
+  }
+  return guarded([&] {
+    const auto r = ipc_receiveds().find("depot_ipc_open_received", received);
+    return open_mapping(r->handle, *r, mapping, ptr, bytes);
+  });
+}
+
+depot_status depot_ipc_received_free(depot_ipc_received* received)
+{
+  if (received == nullptr) return DEPOT_SUCCESS;
+  return guarded([&] {
+    ipc_receiveds().remove("depot_ipc_received_free", received);
+    return DEPOT_SUCCESS;
   });
 }
 

@@ -81,6 +81,13 @@ int main(void)
     /* the socket calls: nothing to receive on a bad socket (the failing call named) */
     EXPECT(depot_ipc_receive(-1, 0, &mapping, &q, &bytes) == DEPOT_ERROR_BACKEND && mapping == NULL && q == NULL);
     EXPECT(strstr(depot_last_error(), "ipc_receive") != NULL);
+    /* a broker's calls: nothing held on a refusal */
+    depot_ipc_received* received = (depot_ipc_received*)&bytes;
+    EXPECT(depot_ipc_receive_handle(-1, 0, &received) == DEPOT_ERROR_BACKEND && received == NULL);
+    EXPECT(depot_ipc_forward(-1, NULL, -1) == DEPOT_ERROR_INVALID_ARGUMENT);
+    EXPECT(strstr(depot_last_error(), "received is NULL") != NULL);
+    EXPECT(depot_ipc_open_received(NULL, &mapping, &q, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT && mapping == NULL);
+    EXPECT(depot_ipc_received_free(NULL) == DEPOT_SUCCESS);
     EXPECT(depot_ipc_close((depot_ipc_mapping*)fp) == DEPOT_ERROR_INVALID_ARGUMENT); /* not a mapping */
     EXPECT(strstr(depot_last_error(), "not an open IPC mapping") != NULL);
   }

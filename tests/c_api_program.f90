@@ -37,7 +37,7 @@ program c_api_program_f
   integer(c_size_t) :: length
   character(kind=c_char), target :: small(8)
   character(len=:), allocatable :: msg
-  type(c_ptr) :: fp, blocks(4), mapping
+  type(c_ptr) :: fp, blocks(4), mapping, received
   type(depot_fixed_pool_stats) :: fs
   integer :: i
   integer(c_int64_t) :: cp
@@ -151,6 +151,12 @@ program c_api_program_f
   call expect(depot_ipc_close(c_null_ptr) == DEPOT_SUCCESS, 'close NULL')
   call expect(depot_ipc_receive(-1_c_int, 0_c_int, mapping, p, length) == DEPOT_ERROR_BACKEND &
               .and. .not. c_associated(mapping), 'receive on no socket')
+  call expect(depot_ipc_receive_handle(-1_c_int, 0_c_int, received) == DEPOT_ERROR_BACKEND &
+              .and. .not. c_associated(received), 'receive a handle on no socket')
+  call expect(depot_ipc_forward(-1_c_int, c_null_ptr, -1_c_int) == DEPOT_ERROR_INVALID_ARGUMENT, 'forward NULL')
+  call expect(depot_ipc_open_received(c_null_ptr, mapping, p, length) == DEPOT_ERROR_INVALID_ARGUMENT &
+              .and. .not. c_associated(mapping), 'open NULL received')
+  call expect(depot_ipc_received_free(c_null_ptr) == DEPOT_SUCCESS, 'free NULL received')
 
   ! The same calls on a GPU, where this build has a GPU backend and the machine a device
   ! (tools/gpu-check runs this program on the GPU machine): the GPU part must say it ran.

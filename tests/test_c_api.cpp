@@ -15,6 +15,7 @@
 #include <depot/pool/c_api.h>
 #include <depot/pool/detail/handle_table.hpp>
 #include <depot/pool/ipc_handle.hpp>
+#include <depot/pool/ipc_received.hpp>
 #include <depot/pool/pool.hpp>
 
 #include <nlohmann/json.hpp>
@@ -25,6 +26,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -713,6 +715,15 @@ void* sevens(std::size_t n)
   return block;
 }
 
+// Whether every byte of the n bytes at block is 9 (what depot-ipc-child wrote).
+template <depot::device D>
+void check_nines(const void* block, std::size_t n)
+{
+  std::vector<unsigned char> seen(n);
+  depot::runtime<D>::copy(seen.data(), block, n);
+  CHECK(std::count(seen.begin(), seen.end(), 9) == static_cast<std::ptrdiff_t>(n));
+}
+
 // The out-values of depot_ipc_open / depot_ipc_receive (mapping, pointer, bytes), set to
 // markers: check_cleared() checks that a refused call cleared them all, then sets them again.
 struct opened_outs {
@@ -806,9 +817,7 @@ TEST_CASE_TEMPLATE("c_api: IPC export, open and close; bad input refused", D, DE
     // Another process opens it twice through the C interface, finds 7s and writes 9s.
     depot::test::allow_children_to_take_descriptors();
     CHECK(depot::test::exit_status(depot::test::spawn_ipc_child({"--c", handle, "7", "9"})) == 0);
-    std::vector<unsigned char> seen(n);
-    depot::runtime<D>::copy(seen.data(), block, n);
-    CHECK(std::count(seen.begin(), seen.end(), 9) == static_cast<std::ptrdiff_t>(n));
+    check_nines<D>(block, n);
   }
   REQUIRE(depot_deallocate(k, 0, block) == DEPOT_SUCCESS);
   // A freed block is no longer live: refused.
@@ -899,13 +908,119 @@ TEST_CASE_TEMPLATE("c_api: IPC over a Unix socket (depot_ipc_send, depot_ipc_rec
     CHECK(depot_ipc_send(sv[0], k, 0, block, -1) == DEPOT_SUCCESS);
     CHECK(depot_ipc_send(sv[0], k, 0, block, 10000) == DEPOT_SUCCESS);
     CHECK(depot::test::exit_status(child) == 0);
-    std::vector<unsigned char> seen(n);
-    depot::runtime<D>::copy(seen.data(), block, n);
-    CHECK(std::count(seen.begin(), seen.end(), 9) == static_cast<std::ptrdiff_t>(n));
+    check_nines<D>(block, n);
   }
   ::close(sv[0]);
   ::close(sv[1]);
   REQUIRE(depot_deallocate(k, 0, block) == DEPOT_SUCCESS);
+}
+
+TEST_CASE_TEMPLATE("c_api: a broker passes IPC handles on (depot_ipc_receive_handle, depot_ipc_forward); bad input "
+                   "refused",
+                   D, DEPOT_TEST_DEVICES)
+{
+  const depot_device_kind k = kind_of<D>();
+  int in[2];   // sender -> broker
+  int out[2];  // broker -> receiver
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) == 0);
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, out) == 0);
+  const auto marker = reinterpret_cast<depot_ipc_received*>(std::uintptr_t{0x5eed});
+  depot_ipc_received* r = marker;
+  opened_outs opened;
+  auto& [m, p, bytes] = opened.values;
+
+  // Bad input, on every backend: refused by name, *received cleared, nothing sent.
+  CHECK(depot_ipc_receive_handle(in[1], -1, nullptr) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "depot_ipc_receive_handle: received is NULL"));
+  CHECK(depot_ipc_receive_handle(in[1], -2, &r) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "depot_ipc_receive_handle: timeout_ms -2 is neither -1"));
+  CHECK(r == nullptr);
+  r = marker;
+  CHECK(depot_ipc_receive_handle(in[1], 0, &r) == DEPOT_ERROR_BACKEND);  // nothing ready
+  CHECK(has(depot_last_error(), "ipc_receive"));
+  CHECK(r == nullptr);
+  r = marker;
+  const std::string junk = "not a handle";
+  const auto junk_length = static_cast<std::uint32_t>(junk.size());
+  REQUIRE(::write(in[0], &junk_length, 4) == 4);
+  REQUIRE(::write(in[0], junk.data(), junk.size()) == static_cast<ssize_t>(junk.size()));
+  CHECK(depot_ipc_receive_handle(in[1], 1000, &r) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(r == nullptr);
+  CHECK(depot_ipc_forward(out[0], nullptr, -1) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "depot_ipc_forward: received is NULL"));
+  CHECK(depot_ipc_forward(out[0], marker, -1) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "received 0x5eed is not a held received IPC handle"));
+  CHECK(depot_ipc_open_received(marker, &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "depot_ipc_open_received: received 0x5eed is not"));
+  opened.check_cleared();
+  CHECK(depot_ipc_received_free(marker) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(depot_ipc_received_free(nullptr) == DEPOT_SUCCESS);
+
+  // Any build passes on any handle, opened or not, whatever backends it has: a handle of
+  // CUDA device 1000 (which no process can open) goes through the broker unchanged.
+  depot::ipc_handle made_up;
+  made_up.device = depot::device_id::of<depot::cuda>(1000);
+  made_up.size = made_up.requested = 512;
+  made_up.process = 4242;
+  made_up.counter_fd = 5;
+  depot::ipc_send(in[0], made_up);
+  REQUIRE(depot_ipc_receive_handle(in[1], 1000, &r) == DEPOT_SUCCESS);
+  REQUIRE(r != nullptr);
+  CHECK(depot_ipc_forward(out[0], r, -2) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(depot_ipc_forward(-1, r, -1) == DEPOT_ERROR_BACKEND);
+  CHECK(has(depot_last_error(), "ipc_send"));
+  REQUIRE(depot_ipc_forward(out[0], r, -1) == DEPOT_SUCCESS);
+  REQUIRE(depot_ipc_forward(out[0], r, 1000) == DEPOT_SUCCESS);  // it stays held: again
+  for (int i = 0; i < 2; ++i) {
+    const depot::ipc_received again = depot::ipc_receive(out[1], std::chrono::seconds{1});
+    CHECK(again.handle == made_up);
+    CHECK(again.fds.empty());
+  }
+  CHECK(depot_ipc_open_received(r, nullptr, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "depot_ipc_open_received: mapping is NULL"));
+  // Opening it is refused: a device past the last, or (without the CUDA backend) not built.
+  CHECK(depot_ipc_open_received(r, &m, &p, &bytes) ==
+        (DEPOT_HAS_CUDA ? DEPOT_ERROR_INVALID_ARGUMENT : DEPOT_ERROR_NOT_SUPPORTED));
+  CHECK(has(depot_last_error(), DEPOT_HAS_CUDA ? "1000" : "no CUDA backend"));
+  opened.check_cleared();
+  CHECK(depot_ipc_received_free(r) == DEPOT_SUCCESS);
+  CHECK(depot_ipc_received_free(r) == DEPOT_ERROR_INVALID_ARGUMENT);  // freed: refused
+  CHECK(depot_ipc_forward(out[0], r, 0) == DEPOT_ERROR_INVALID_ARGUMENT);
+  CHECK(has(depot_last_error(), "is not a held received IPC handle"));
+  // A closed peer: a failing call, named, nothing held.
+  ::close(in[0]);
+  r = marker;
+  CHECK(depot_ipc_receive_handle(in[1], -1, &r) == DEPOT_ERROR_BACKEND);
+  CHECK(r == nullptr);
+  ::close(in[1]);
+
+  if constexpr (depot::runtime<D>::has_ipc) {
+    // A block sent to the broker (with its pages' descriptors when expandable: gpu-check's
+    // DEPOT_ALLOC_CONF run), opened there (the block itself, in this process), then passed
+    // on twice to another process, which finds 7s and writes 9s; the broker lets go of its
+    // handle before that process has read it.
+    constexpr std::size_t n = 3 << 20;
+    void* const block = sevens<D>(n);
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) == 0);
+    REQUIRE(depot_ipc_send(in[0], k, 0, block, 10000) == DEPOT_SUCCESS);
+    REQUIRE(depot_ipc_receive_handle(in[1], 10000, &r) == DEPOT_SUCCESS);
+    REQUIRE(depot_ipc_open_received(r, &m, &p, &bytes) == DEPOT_SUCCESS);
+    CHECK(p == block);
+    CHECK(bytes == n);
+    CHECK(depot_ipc_close(m) == DEPOT_SUCCESS);
+    depot::test::allow_children_to_take_descriptors();
+    REQUIRE(depot_ipc_forward(out[0], r, -1) == DEPOT_SUCCESS);
+    REQUIRE(depot_ipc_forward(out[0], r, 10000) == DEPOT_SUCCESS);
+    CHECK(depot_ipc_received_free(r) == DEPOT_SUCCESS);
+    const pid_t child = depot::test::spawn_ipc_child({"--c-receive", "7", "9"}, {{out[1], 3}});
+    CHECK(depot::test::exit_status(child) == 0);
+    check_nines<D>(block, n);
+    ::close(in[0]);
+    ::close(in[1]);
+    REQUIRE(depot_deallocate(k, 0, block) == DEPOT_SUCCESS);
+  }
+  ::close(out[0]);
+  ::close(out[1]);
 }
 
 TEST_CASE("c_api: the handle table refuses removed and made-up handles and frees after the last hold")

@@ -237,6 +237,23 @@ depot_status depot_ipc_send(int socket, depot_device_kind kind, int device, void
  * the timeout is DEPOT_ERROR_BACKEND; data that is no handle DEPOT_ERROR_INVALID_ARGUMENT;
  * nothing is left open then. The received descriptors are closed once mapped. */
 depot_status depot_ipc_receive(int socket, int timeout_ms, depot_ipc_mapping** mapping, void** ptr, size_t* bytes);
+/* A handle received and not opened: what a process that passes blocks on (a broker)
+ * holds, with the page descriptors that came with it (its own, closed by
+ * depot_ipc_received_free). Thread-safe; handles are never reused (one that is not held is
+ * DEPOT_ERROR_INVALID_ARGUMENT). */
+typedef struct depot_ipc_received depot_ipc_received;
+/* Receives what depot_ipc_send or depot_ipc_forward sent, as depot_ipc_receive does, into
+ * *received without opening it (no device is touched: any build may pass on any handle).
+ * *received is NULL on any refusal, with nothing left open. */
+depot_status depot_ipc_receive_handle(int socket, int timeout_ms, depot_ipc_received** received);
+/* Sends the received handle on, with its descriptors, as depot_ipc_send does (timeout_ms
+ * the same); it stays held (forward it again, open it, or free it). */
+depot_status depot_ipc_forward(int socket, const depot_ipc_received* received, int timeout_ms);
+/* Opens the received handle as depot_ipc_receive would have (its descriptors stay held). */
+depot_status depot_ipc_open_received(const depot_ipc_received* received, depot_ipc_mapping** mapping, void** ptr,
+                                     size_t* bytes);
+/* Frees it and closes its descriptors (NULL is a no-op); mappings opened from it stay. */
+depot_status depot_ipc_received_free(depot_ipc_received* received);
 
 /* The message of the calling thread's last failed call ("" if none failed yet); valid
  * until its next failed call. */

@@ -47,7 +47,8 @@ module depot_pool
   end type depot_fixed_pool_stats
 
   public :: depot_begin_capture, depot_end_capture, depot_release_capture_pool
-  public :: depot_ipc_export, depot_ipc_open, depot_ipc_close, depot_ipc_send, depot_ipc_receive
+  public :: depot_ipc_export, depot_ipc_open, depot_ipc_close, depot_ipc_send, depot_ipc_receive, &
+            depot_ipc_receive_handle, depot_ipc_forward, depot_ipc_open_received, depot_ipc_received_free
   public :: depot_fixed_pool_create, depot_fixed_pool_destroy, depot_fixed_pool_allocate, &
             depot_fixed_pool_deallocate, depot_fixed_pool_defragment, depot_fixed_pool_get_stats, &
             depot_fixed_pool_set_oom_handler
@@ -277,6 +278,33 @@ module depot_pool
       type(c_ptr), intent(out) :: mapping, ptr
       integer(c_size_t), intent(out) :: bytes
     end function depot_ipc_receive
+
+    integer(c_int) function depot_ipc_receive_handle(socket, timeout_ms, received) &
+        bind(c, name='depot_ipc_receive_handle')
+      import :: c_int, c_ptr
+      integer(c_int), value :: socket, timeout_ms
+      type(c_ptr), intent(out) :: received
+    end function depot_ipc_receive_handle
+
+    integer(c_int) function depot_ipc_forward(socket, received, timeout_ms) bind(c, name='depot_ipc_forward')
+      import :: c_int, c_ptr
+      integer(c_int), value :: socket
+      type(c_ptr), value :: received
+      integer(c_int), value :: timeout_ms
+    end function depot_ipc_forward
+
+    integer(c_int) function depot_ipc_open_received(received, mapping, ptr, bytes) &
+        bind(c, name='depot_ipc_open_received')
+      import :: c_int, c_size_t, c_ptr
+      type(c_ptr), value :: received
+      type(c_ptr), intent(out) :: mapping, ptr
+      integer(c_size_t), intent(out) :: bytes
+    end function depot_ipc_open_received
+
+    integer(c_int) function depot_ipc_received_free(received) bind(c, name='depot_ipc_received_free')
+      import :: c_int, c_ptr
+      type(c_ptr), value :: received
+    end function depot_ipc_received_free
 
     type(c_ptr) function depot_last_error() bind(c, name='depot_last_error')
       import :: c_ptr
