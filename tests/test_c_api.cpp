@@ -915,8 +915,8 @@ TEST_CASE_TEMPLATE("c_api: IPC over a Unix socket (depot_ipc_send, depot_ipc_rec
   REQUIRE(depot_deallocate(k, 0, block) == DEPOT_SUCCESS);
 }
 
-TEST_CASE_TEMPLATE("c_api: a broker passes IPC handles on (depot_ipc_receive_handle, depot_ipc_forward); bad input "
-                   "refused",
+TEST_CASE_TEMPLATE("c_api: IPC handles passed on by a broker (depot_ipc_receive_handle, depot_ipc_forward); bad "
+                   "input refused",
                    D, DEPOT_TEST_DEVICES)
 {
   const depot_device_kind k = kind_of<D>();
