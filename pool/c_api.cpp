@@ -121,8 +121,9 @@ using any_backend = std::variant<T<depot::host>
 // A fixed pool of whichever backend its handle was made for.
 using any_fixed_pool = any_backend<depot::fixed_pool>;
 
-// The C interface's fixed pools and IPC mappings, by handle (never reused; a call holds
-// its object, so a destroy on another thread frees it after the calls under way end).
+// The C interface's fixed pools, IPC mappings and received IPC handles, by handle (never
+// reused; a call holds its object, so a destroy on another thread frees it after the calls
+// under way end).
 // Never destroyed (an object left at exit is not freed during static destruction, after
 // the backend may be gone).
 using depot::detail::handle_table;
@@ -153,6 +154,7 @@ handle_table<any_ipc_mapping>& ipc_mappings()
   return *t;
 }
 
+// Received IPC handles held unopened (a broker's: depot_ipc_receive_handle).
 handle_table<depot::ipc_received>& ipc_receiveds()
 {
   static auto* t =
