@@ -4,15 +4,18 @@
 
 // Starting tests/ipc_child.cpp's program (depot-ipc-child, built beside the test binary),
 // the other process of the IPC tests, and waiting for it. A failure to start it or to wait
-// fails the test that asked.
+// fails the test that asked. And how many descriptors this process has open (the IPC
+// tests' check that nothing is left open).
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -61,5 +64,13 @@ inline int exit_status(pid_t pid)
 // segment's pages): where Yama's ptrace_scope is 1 a child may do so only when named
 // (EINVAL without Yama).
 inline void allow_children_to_take_descriptors() { (void)::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); }
+
+// The descriptors open in this process (of the numbers below 4096).
+inline std::size_t open_descriptors()
+{
+  std::size_t n = 0;
+  for (int fd = 0; fd < 4096; ++fd) n += ::fcntl(fd, F_GETFD) != -1 ? 1 : 0;
+  return n;
+}
 
 }  // namespace depot::test

@@ -963,6 +963,7 @@ TEST_CASE_TEMPLATE("c_api: IPC handles passed on by a broker (depot_ipc_receive_
   made_up.size = made_up.requested = 512;
   made_up.process = 4242;
   made_up.counter_fd = 5;
+  const std::size_t descriptors_before = depot::test::open_descriptors();
   depot::ipc_send(in[0], made_up);
   REQUIRE(depot_ipc_receive_handle(in[1], 1000, &r) == DEPOT_SUCCESS);
   REQUIRE(r != nullptr);
@@ -984,6 +985,7 @@ TEST_CASE_TEMPLATE("c_api: IPC handles passed on by a broker (depot_ipc_receive_
   CHECK(has(depot_last_error(), DEPOT_HAS_CUDA ? "1000" : "no CUDA backend"));
   opened.check_cleared();
   CHECK(depot_ipc_received_free(r) == DEPOT_SUCCESS);
+  CHECK(depot::test::open_descriptors() == descriptors_before);
   CHECK(depot_ipc_received_free(r) == DEPOT_ERROR_INVALID_ARGUMENT);  // freed: refused
   CHECK(depot_ipc_forward(out[0], r, 0) == DEPOT_ERROR_INVALID_ARGUMENT);
   CHECK(has(depot_last_error(), "is not a held received IPC handle"));
@@ -1003,7 +1005,14 @@ TEST_CASE_TEMPLATE("c_api: IPC handles passed on by a broker (depot_ipc_receive_
     void* const block = sevens<D>(n);
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) == 0);
     REQUIRE(depot_ipc_send(in[0], k, 0, block, 10000) == DEPOT_SUCCESS);
+    // The broker holds one descriptor per page of the block (none for an ordinary segment's)
+    // until it frees the handle.
+    char text[4096];
+    REQUIRE(depot_ipc_export(k, 0, block, text, sizeof text, nullptr) == DEPOT_SUCCESS);
+    const std::size_t pages = depot::ipc_handle::from_hex(text).fds.size();
+    const std::size_t descriptors = depot::test::open_descriptors();
     REQUIRE(depot_ipc_receive_handle(in[1], 10000, &r) == DEPOT_SUCCESS);
+    CHECK(depot::test::open_descriptors() == descriptors + pages);
     REQUIRE(depot_ipc_open_received(r, &m, &p, &bytes) == DEPOT_SUCCESS);
     CHECK(p == block);
     CHECK(bytes == n);
@@ -1012,6 +1021,7 @@ TEST_CASE_TEMPLATE("c_api: IPC handles passed on by a broker (depot_ipc_receive_
     REQUIRE(depot_ipc_forward(out[0], r, -1) == DEPOT_SUCCESS);
     REQUIRE(depot_ipc_forward(out[0], r, 10000) == DEPOT_SUCCESS);
     CHECK(depot_ipc_received_free(r) == DEPOT_SUCCESS);
+    CHECK(depot::test::open_descriptors() == descriptors);
     const pid_t child = depot::test::spawn_ipc_child({"--c-receive", "7", "9"}, {{out[1], 3}});
     CHECK(depot::test::exit_status(child) == 0);
     check_nines<D>(block, n);

@@ -1078,12 +1078,7 @@ TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TE
 }
 
 namespace {
-std::size_t open_descriptors()
-{
-  std::size_t n = 0;
-  for (int fd = 0; fd < 4096; ++fd) n += ::fcntl(fd, F_GETFD) != -1 ? 1 : 0;
-  return n;
-}
+using depot::test::open_descriptors;
 
 // Lowers this process's RLIMIT_NOFILE soft limit so that exactly `room` more descriptors
 // can be opened (new ones take the free numbers below the limit), restored on destruction
