@@ -188,8 +188,10 @@ depot_status open_mapping(const depot::ipc_handle& h, const From& from, depot_ip
   });
 }
 
+using c_timeout = std::optional<std::chrono::milliseconds>;
+
 // A C timeout: -1 none, else milliseconds (below -1 refused).
-std::optional<std::chrono::milliseconds> timeout_of(const char* call, int timeout_ms)
+c_timeout timeout_of(const char* call, int timeout_ms)
 {
   if (timeout_ms < -1) {
     throw depot::invalid_argument(std::string{call} + ": timeout_ms " + std::to_string(timeout_ms) +
@@ -197,6 +199,20 @@ std::optional<std::chrono::milliseconds> timeout_of(const char* call, int timeou
   }
   if (timeout_ms == -1) return std::nullopt;
   return std::chrono::milliseconds{timeout_ms};
+}
+// ipc_send / ipc_receive with the timeout, or without one (timeout_of's nullopt).
+template <class What>
+void send_within(int socket, const What& what, const c_timeout& timeout)
+{
+  if (timeout) {
+    depot::ipc_send(socket, what, *timeout);
+  } else {
+    depot::ipc_send(socket, what);
+  }
+}
+depot::ipc_received receive_within(int socket, const c_timeout& timeout)
+{
+  return timeout ? depot::ipc_receive(socket, *timeout) : depot::ipc_receive(socket);
 }
 
 // The C callback as a depot::oom_handler (empty for NULL).
@@ -474,12 +490,7 @@ depot_status depot_ipc_send(int socket, depot_device_kind kind, int device, void
 {
   return with_backend(kind, [&]<class D>(D) {
     const auto timeout = timeout_of("depot_ipc_send", timeout_ms);
-    const depot::ipc_handle h = depot::pool<D>(device).ipc_export(ptr);
-    if (timeout) {
-      depot::ipc_send(socket, h, *timeout);
-    } else {
-      depot::ipc_send(socket, h);
-    }
+    send_within(socket, depot::pool<D>(device).ipc_export(ptr), timeout);
   });
 }
 
@@ -489,7 +500,7 @@ depot_status depot_ipc_receive(int socket, int timeout_ms, depot_ipc_mapping** m
   return guarded([&] {
     const auto timeout = timeout_of("depot_ipc_receive", timeout_ms);
     // (its descriptors are closed when it goes, after the mapping took the pages)
-    const depot::ipc_received r = timeout ? depot::ipc_receive(socket, *timeout) : depot::ipc_receive(socket);
+    const depot::ipc_received r = receive_within(socket, timeout);
     return open_mapping(r.handle, r, mapping, ptr, bytes);
   });
 }
@@ -500,8 +511,7 @@ depot_status depot_ipc_receive_handle(int socket, int timeout_ms, depot_ipc_rece
   *received = nullptr;
   return guarded([&] {
     const auto timeout = timeout_of("depot_ipc_receive_handle", timeout_ms);
-    auto r = std::make_unique<depot::ipc_received>(timeout ? depot::ipc_receive(socket, *timeout)
-                                                           : depot::ipc_receive(socket));
+    auto r = std::make_unique<depot::ipc_received>(receive_within(socket, timeout));
     *received = reinterpret_cast<depot_ipc_received*>(ipc_receiveds().add(std::move(r)));
     return DEPOT_SUCCESS;
   });
@@ -511,12 +521,7 @@ depot_status depot_ipc_forward(int socket, const depot_ipc_received* received, i
 {
   return guarded([&] {
     const auto timeout = timeout_of("depot_ipc_forward", timeout_ms);
-    const auto r = ipc_receiveds().find("depot_ipc_forward", received);
-    if (timeout) {
-      depot::ipc_send(socket, *r, *timeout);
-    } else {
-      depot::ipc_send(socket, *r);
-    }
+    send_within(socket, *ipc_receiveds().find("depot_ipc_forward", received), timeout);
     return DEPOT_SUCCESS;
   });
 }

@@ -724,6 +724,14 @@ void check_nines(const void* block, std::size_t n)
   CHECK(std::count(seen.begin(), seen.end(), 9) == static_cast<std::ptrdiff_t>(n));
 }
 
+// Writes `text` to fd framed as ipc_send frames a handle: its length (4 bytes), then it.
+void write_framed(int fd, const std::string& text)
+{
+  const auto length = static_cast<std::uint32_t>(text.size());
+  REQUIRE(::write(fd, &length, 4) == 4);
+  REQUIRE(::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+}
+
 // The out-values of depot_ipc_open / depot_ipc_receive (mapping, pointer, bytes), set to
 // markers: check_cleared() checks that a refused call cleared them all, then sets them again.
 struct opened_outs {
@@ -832,12 +840,6 @@ TEST_CASE_TEMPLATE("c_api: IPC over a Unix socket (depot_ipc_send, depot_ipc_rec
   void* const block = sevens<D>(n);
   int sv[2];
   REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
-  // A framed message as ipc_send writes one: the text's length (4 bytes), then the text.
-  const auto write_framed = [&](const std::string& text) {
-    const auto length = static_cast<std::uint32_t>(text.size());
-    REQUIRE(::write(sv[0], &length, 4) == 4);
-    REQUIRE(::write(sv[0], text.data(), text.size()) == static_cast<ssize_t>(text.size()));
-  };
   int local = 0;
   opened_outs out;
   auto& [m, p, bytes] = out.values;
@@ -859,7 +861,7 @@ TEST_CASE_TEMPLATE("c_api: IPC over a Unix socket (depot_ipc_send, depot_ipc_rec
   CHECK(has(depot_last_error(), "ipc_receive"));
   out.check_cleared();
   // Data that is no handle, a handle too long to be one, a handle of a device past the last.
-  write_framed("not a handle");
+  write_framed(sv[0], "not a handle");
   CHECK(depot_ipc_receive(sv[1], 1000, &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
   out.check_cleared();
   const std::uint32_t huge = 1U << 30;
@@ -873,7 +875,7 @@ TEST_CASE_TEMPLATE("c_api: IPC over a Unix socket (depot_ipc_send, depot_ipc_rec
   depot::ipc_handle made_up;
   made_up.device = depot::device_id::of<D>(depot::device_count<D>());
   made_up.size = made_up.requested = 512;
-  write_framed(made_up.to_hex());
+  write_framed(sv[0], made_up.to_hex());
   CHECK(depot_ipc_receive(sv[1], 1000, &m, &p, &bytes) == DEPOT_ERROR_INVALID_ARGUMENT);
   out.check_cleared();
   // A socket whose other end is closed: a failing call, named.
@@ -940,10 +942,7 @@ TEST_CASE_TEMPLATE("c_api: IPC handles passed on by a broker (depot_ipc_receive_
   CHECK(has(depot_last_error(), "ipc_receive"));
   CHECK(r == nullptr);
   r = marker;
-  const std::string junk = "not a handle";
-  const auto junk_length = static_cast<std::uint32_t>(junk.size());
-  REQUIRE(::write(in[0], &junk_length, 4) == 4);
-  REQUIRE(::write(in[0], junk.data(), junk.size()) == static_cast<ssize_t>(junk.size()));
+  write_framed(in[0], "not a handle");
   CHECK(depot_ipc_receive_handle(in[1], 1000, &r) == DEPOT_ERROR_INVALID_ARGUMENT);
   CHECK(r == nullptr);
   CHECK(depot_ipc_forward(out[0], nullptr, -1) == DEPOT_ERROR_INVALID_ARGUMENT);
