@@ -2054,6 +2054,7 @@ struct allocator_core::impl {
   }
   void unmap_pages(segment& s, std::size_t from, std::size_t to) noexcept
   {
+    if (from < to) finish_uses(*s.cache);
     for (std::size_t i = to; i-- > from;) {
       if (i < s.shared.size() && s.shared[i].fd >= 0) {  // (none: their blocks were freed)
         ::close(std::exchange(s.shared[i].fd, -1));
@@ -2554,38 +2555,63 @@ struct allocator_core::impl {
   // and CUDA's and HIP's per-thread default streams (cudaStreamLegacy, *PerThread).
   static bool built_in(native_stream s) noexcept { return reinterpret_cast<std::uintptr_t>(s) <= 2; }
 
+  // Makes `wait(event)` (a stream's wait or the host's) follow the last uses of the free
+  // memory that cache c holds (caller holds c's lock). c's fence once it was closed (nothing
+  // ran there since), else an event recorded on c's stream while stream_registry says it is
+  // live (not closed here yet: its closing waits for c's lock, which the caller holds, so it
+  // stays valid meanwhile). A raw handle's stream may be destroyed at any time: only
+  // finishing the device's work orders those. Throws what the backend throws.
+  template <class Wait>
+  void follow_last_uses(stream_cache& c, Wait wait)
+  {
+    if (c.closed) {
+      if (c.fence != nullptr && up->event_done(c.fence)) up->destroy_event(std::exchange(c.fence, nullptr));
+      if (c.fence != nullptr) wait(c.fence);
+      return;
+    }
+    if (!built_in(c.stream) && !stream_registry::live(streams_of.kind, c.stream)) {
+      up->synchronize_device();
+      return;
+    }
+    const native_event e = up->record_event(c.stream);
+    try {
+      wait(e);
+    } catch (...) {
+      up->destroy_event(e);
+      throw;
+    }
+    up->destroy_event(e);  // (a stream's wait already queued holds what it needs)
+  }
+
   // Makes work queued on stream `to` wait for the last uses of the free memory that cache
-  // `other` holds (caller holds both caches' locks). Without a host wait where it can:
-  // other's fence once it was closed (nothing ran there since), else an event recorded on
-  // other's stream while stream_registry says it is live (not closed here yet: its
-  // closing waits for other's lock, which the caller holds, so it stays valid meanwhile).
-  // A raw handle's stream may be destroyed at any time: only finishing the device's work
-  // orders those. Throws what the backend throws.
+  // `other` holds (caller holds both caches' locks), without a host wait where it can. An
+  // event refused: ordered by the device's work instead.
   void order_after(stream_cache& other, native_stream to)
   {
     if (!async) return;
     try {
-      if (other.closed) {
-        if (other.fence != nullptr && up->event_done(other.fence)) {
-          up->destroy_event(std::exchange(other.fence, nullptr));
-        }
-        if (other.fence != nullptr) up->stream_wait(to, other.fence);
-        return;
-      }
-      if (!built_in(other.stream) && !stream_registry::live(streams_of.kind, other.stream)) {
-        up->synchronize_device();
-        return;
-      }
-      const native_event e = up->record_event(other.stream);
-      try {
-        up->stream_wait(to, e);
-      } catch (...) {
-        up->destroy_event(e);
-        throw;
-      }
-      up->destroy_event(e);  // (the wait already queued holds what it needs)
-    } catch (const error&) {  // an event refused: order by the device's work instead
+      follow_last_uses(other, [&](native_event e) { up->stream_wait(to, e); });
+    } catch (const error&) {
       up->synchronize_device();
+    }
+  }
+
+  // Blocks the host until the last uses of the free memory cache c holds are done (caller
+  // holds c's lock). Unmapping pages does not wait for the work that uses them (cuMemUnmap
+  // and hipMemUnmap do not, where cudaFree and hipFree wait for the device), and a block
+  // freed on a stream is free at once while that stream's kernels may still use it. Never
+  // during a capture (nothing is released then). The backend failing: the device's work is
+  // finished instead, or, failing that too, nothing runs on it any more.
+  void finish_uses(stream_cache& c) noexcept
+  {
+    if (!async || capturing()) return;
+    try {
+      follow_last_uses(c, [&](native_event e) { up->wait_event(e); });
+    } catch (...) {
+      try {
+        up->synchronize_device();
+      } catch (...) {
+      }
     }
   }
 

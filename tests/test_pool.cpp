@@ -7,12 +7,14 @@
 #include <doctest/doctest.h>
 
 #include <depot/hal/error.hpp>
+#include <depot/hal/format_address.hpp>
 #include <depot/hal/format_bytes.hpp>
 #include <depot/hal/invalid_argument.hpp>
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/hal/runtime.hpp>
 #include <depot/hal/stream.hpp>
 #include <depot/hal/stream_registry.hpp>
+#include <depot/ops/busy_wait.hpp>
 #include <depot/ops/fill.hpp>
 #include <depot/pool/caching_allocator.hpp>
 #include <depot/pool/captured_graph.hpp>
@@ -2223,6 +2225,391 @@ TEST_CASE("pool: frees that wait for other streams' events (an asynchronous back
   CHECK(st.reserved_bytes.all.current == 0);
   CHECK(st.num_allocations.all.allocated == st.num_allocations.all.freed);
   check_invariants(st, a.snapshot());
+}
+
+// ---- stream ordering, model-checked ------------------------------------------------------
+
+namespace {
+
+// A device whose streams are modelled: work enqueued on stream s is counted (queued[s]) and
+// finishes when the test says (done[s] <= queued[s], in order); an event recorded on s
+// completes once s's work up to the moment it was recorded has finished; stream_wait(t, e)
+// orders t's later work after e. deallocate() waits for the whole device, as cudaFree and
+// hipFree do; vm_unmap() does not (cuMemUnmap and hipMemUnmap do not wait for work queued on
+// the pages), and asks `unmapping` whether anything may still touch them. Memory is host
+// memory (expandable segments too), so the allocator's asynchronous paths run exactly as
+// on a GPU, against a model that knows, for every byte freed, which streams' work may
+// still touch it.
+class modelled_device_upstream final : public depot::upstream_resource {
+ public:
+  static constexpr std::size_t k_streams = 4;
+  struct state {
+    std::array<std::uint64_t, k_streams> queued{};
+    std::array<std::uint64_t, k_streams> done{};
+    // after[t][s]: t's work enqueued from now on starts after s's work up to after[t][s]
+    std::array<std::array<std::uint64_t, k_streams>, k_streams> after{};
+    struct event {
+      std::size_t stream;
+      std::uint64_t position;
+    };
+    std::map<std::uintptr_t, event> events;  // recorded, not destroyed
+    std::uintptr_t next = 0;
+    int recorded = 0, syncs = 0, host_waits = 0, stream_waits = 0, frees = 0, unmaps = 0;
+    bool expandable = false;
+    std::function<void(std::uintptr_t, std::size_t)> unmapping;  // before each vm_unmap
+  };
+  static std::size_t index_of(depot::native_stream s)
+  {
+    const auto k = reinterpret_cast<std::uintptr_t>(s);
+    REQUIRE(k >= 1);
+    REQUIRE(k <= k_streams);
+    return static_cast<std::size_t>(k - 1);
+  }
+  static depot::native_stream stream(std::size_t i) { return reinterpret_cast<depot::native_stream>(i + 1); }
+
+  explicit modelled_device_upstream(std::shared_ptr<state> s) : s_{std::move(s)} {}
+  void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
+  void deallocate(void* p, std::size_t bytes) noexcept override
+  {
+    ++s_->frees;
+    s_->done = s_->queued;
+    inner_.deallocate(p, bytes);
+  }
+  depot::memory_info memory() override { return inner_.memory(); }
+  depot::device_id device() const noexcept override { return inner_.device(); }
+  depot::native_event record_event(depot::native_stream s) override
+  {
+    const std::size_t i = index_of(s);
+    ++s_->recorded;
+    s_->events[++s_->next] = {i, s_->queued[i]};
+    return reinterpret_cast<depot::native_event>(s_->next);
+  }
+  bool event_done(depot::native_event e) override
+  {
+    const auto& ev = event_of(e);
+    return s_->done[ev.stream] >= ev.position;
+  }
+  void wait_event(depot::native_event e) override
+  {
+    const auto& ev = event_of(e);
+    ++s_->host_waits;
+    s_->done[ev.stream] = std::max(s_->done[ev.stream], ev.position);
+  }
+  void stream_wait(depot::native_stream t, depot::native_event e) override
+  {
+    const auto& ev = event_of(e);
+    ++s_->stream_waits;
+    auto& a = s_->after[index_of(t)][ev.stream];
+    a = std::max(a, ev.position);
+  }
+  void destroy_event(depot::native_event e) noexcept override
+  {
+    s_->events.erase(reinterpret_cast<std::uintptr_t>(e));
+  }
+  void synchronize_device() override
+  {
+    ++s_->syncs;
+    s_->done = s_->queued;
+  }
+  std::size_t vm_page() override { return s_->expandable ? inner_.vm_page() : 0; }
+  void* vm_reserve(std::size_t bytes) override { return inner_.vm_reserve(bytes); }
+  std::uint64_t vm_map(void* addr, std::size_t bytes) override { return inner_.vm_map(addr, bytes); }
+  void vm_map_pages(void* addr, std::size_t page, std::size_t count, std::uint64_t* handles) override
+  {
+    inner_.vm_map_pages(addr, page, count, handles);
+  }
+  void vm_unmap(void* addr, std::size_t bytes, std::uint64_t handle) noexcept override
+  {
+    ++s_->unmaps;
+    if (s_->unmapping) s_->unmapping(reinterpret_cast<std::uintptr_t>(addr), bytes);
+    inner_.vm_unmap(addr, bytes, handle);
+  }
+  void vm_release(void* addr, std::size_t bytes) noexcept override { inner_.vm_release(addr, bytes); }
+
+ private:
+  const state::event& event_of(depot::native_event e) const
+  {
+    const auto it = s_->events.find(reinterpret_cast<std::uintptr_t>(e));
+    REQUIRE_MESSAGE(it != s_->events.end(), "the allocator used an event it had destroyed or never recorded");
+    return it->second;
+  }
+  depot::device_upstream<depot::host> inner_{0};
+  std::shared_ptr<state> s_;
+};
+
+struct ordering_variant {
+  std::string name;
+  std::size_t lo, hi;  // request sizes
+  depot::allocator_config cfg;
+  bool expandable = false;
+};
+
+ordering_variant pick_ordering_variant()
+{
+  ordering_variant v{"every pool, 1 B-3 MiB", 1, 3 * MiB, quiet_config<depot::host>()};
+  SUBCASE("every pool, 1 B-3 MiB") {}
+  SUBCASE("dense small segments, 1 B-64 KiB") { v = {"dense small", 1, 64 * KiB, quiet_config<depot::host>()}; }
+  SUBCASE("large pool, 1-24 MiB, steal_threshold unlimited") {
+    v = {"large, no steals", MiB + 1, 24 * MiB, quiet_config<depot::host>()};
+    v.cfg.steal_threshold = std::numeric_limits<std::size_t>::max();
+  }
+  SUBCASE("release_threshold 0, stats_batch 0") {
+    v = {"release 0", 1, 6 * MiB, quiet_config<depot::host>()};
+    v.cfg.release_threshold = 0;
+    v.cfg.stats_batch = 0;
+  }
+  SUBCASE("expandable segments, 1 B-24 MiB") {
+    v = {"expandable", 1, 24 * MiB, quiet_config<depot::host>()};
+    v.cfg.expandable_segments = true;
+    v.expandable = true;
+  }
+  SUBCASE("expandable segments, release_threshold 32 MiB") {
+    v = {"expandable, release 32 MiB", 1, 24 * MiB, quiet_config<depot::host>()};
+    v.cfg.expandable_segments = true;
+    v.cfg.release_threshold = 32 * MiB;
+    v.expandable = true;
+  }
+  return v;
+}
+
+}  // namespace
+
+// Random allocations, frees (on the block's stream, unnamed, on another stream, with and
+// without the size), record_stream, work finishing stream by stream, empty_cache, bad frees,
+// on four streams of an asynchronous backend. After every operation: the statistics equal
+// the snapshot; every allocation's bytes are disjoint from every live block and from every
+// freed block some other stream's unfinished work may still touch (unless the new owner's
+// stream was made to wait for that work); each live block still holds what its owner wrote.
+TEST_CASE("pool: stream ordering holds under 6 000 random operations on four streams (a modelled device)")
+{
+  using up = modelled_device_upstream;
+  const ordering_variant v = pick_ordering_variant();
+  CAPTURE(v.name);
+  std::mt19937_64 rng{depot::test::seed("pool stream ordering fuzz", 0x5712EA)};
+  auto dev = std::make_shared<up::state>();
+  dev->expandable = v.expandable;
+  depot::detail::allocator_core a{std::make_unique<up>(dev), v.cfg, /*asynchronous=*/true};
+  CHECK((a.expandable_page() != 0) == v.expandable);
+  auto& queued = dev->queued;
+  auto& done = dev->done;
+  struct live_block {
+    std::size_t bytes;
+    std::size_t stream;                    // allocated on
+    std::set<std::size_t> uses;            // record_stream
+    unsigned char id;
+    int op;
+  };
+  std::map<std::uintptr_t, live_block> live;
+  std::vector<std::uintptr_t> order;  // the live blocks in the order they came (picks do not depend on addresses)
+  const auto pick = [&] {
+    const std::size_t k = rng() % order.size();
+    return std::pair{k, live.find(order[k])};
+  };
+  struct freed_block {  // bytes some stream's work may still touch: (stream, its work up to)
+    std::uintptr_t addr;
+    std::size_t bytes;
+    std::vector<std::pair<std::size_t, std::uint64_t>> until;
+    std::string how;
+  };
+  std::vector<freed_block> freed;
+  const auto overlaps = [](std::uintptr_t p, std::size_t n, std::uintptr_t q, std::size_t m) {
+    return p < q + m && q < p + n;
+  };
+  const auto byte_at = [](std::uintptr_t p) { return *reinterpret_cast<const unsigned char*>(p); };
+  bool unmapped_in_use = false;
+  struct unhook {  // the hook reads this test's locals: gone before they are, however the test ends
+    std::shared_ptr<up::state> d;
+    ~unhook() { d->unmapping = nullptr; }
+  } const unhooked{dev};
+  dev->unmapping = [&](std::uintptr_t addr, std::size_t bytes) {
+    for (const auto& [q, b] : live) {
+      if (overlaps(addr, bytes, q, b.bytes)) {
+        unmapped_in_use = true;
+        MESSAGE("pages ", depot::format_address(addr), " + ", bytes, " unmapped under live block ", depot::format_address(q));
+      }
+    }
+    for (const freed_block& f : freed) {
+      if (!overlaps(addr, bytes, f.addr, f.bytes)) continue;
+      for (const auto& [u, w] : f.until) {
+        if (dev->done[u] >= w) continue;
+        unmapped_in_use = true;
+        MESSAGE("pages ", depot::format_address(addr), " + ", bytes, " unmapped while stream ", u,
+                "'s work may still touch ", depot::format_address(f.addr), " + ", f.bytes, " (its work to ", w,
+                ", done ", dev->done[u], "); it was ", f.how);
+      }
+    }
+  };
+  const auto intact = [&](std::uintptr_t p, const live_block& b) {
+    return byte_at(p) == b.id && byte_at(p + b.bytes - 1) == b.id && byte_at(p + b.bytes / 2) == b.id;
+  };
+  int handed_early = 0, reuses_waited = 0, bad_frees = 0, allocations = 0;
+  for (int op = 0; op < 6000; ++op) {
+    CAPTURE(op);
+    const auto r = rng() % 100;
+    const std::size_t s = rng() % up::k_streams;
+    if (live.empty() || r < 38) {
+      std::size_t n = v.lo + rng() % (v.hi - v.lo + 1);
+      if (rng() % 8 == 0) n = v.lo + rng() % std::min<std::size_t>(v.hi - v.lo + 1, 4 * KiB);
+      const auto p = reinterpret_cast<std::uintptr_t>(a.allocate(n, up::stream(s)));
+      ++allocations;
+      ++queued[s];  // the owner's work on it
+      for (const auto& [q, b] : live) {
+        if (overlaps(p, n, q, b.bytes)) {
+          FAIL("new block ", depot::format_address(p), " + ", n, " overlaps live ", depot::format_address(q), " + ",
+               b.bytes);
+        }
+      }
+      for (const freed_block& f : freed) {
+        if (!overlaps(p, n, f.addr, f.bytes)) continue;
+        for (const auto& [u, w] : f.until) {
+          const bool ordered = u == s || done[u] >= w || dev->after[s][u] >= w;
+          handed_early += ordered && u != s && done[u] < w ? 1 : 0;
+          if (ordered) continue;
+          INFO("block ", depot::format_address(p), " + ", n, " handed out on stream ", s, " overlaps ",
+               depot::format_address(f.addr), " + ", f.bytes, " which stream ", u, " may touch until its work ",
+               w, " (done ", done[u], ", stream ", s, " waits for ", dev->after[s][u], "); it was ", f.how);
+          REQUIRE(ordered);
+        }
+        ++reuses_waited;
+      }
+      const auto id = static_cast<unsigned char>(op % 251 + 1);
+      // The bytes intact() reads, and one per 64 KiB (writing all of each block faulted in
+      // gigabytes of fresh pages: minutes of system time)
+      for (std::size_t at = 0; at < n; at += 64 * KiB) *reinterpret_cast<unsigned char*>(p + at) = id;
+      for (std::size_t at : {n / 2, n - 1}) *reinterpret_cast<unsigned char*>(p + at) = id;
+      live[p] = {n, s, {}, id, op};
+      order.push_back(p);
+    } else if (r < 66) {
+      const auto [k, it] = pick();
+      const auto [p, b] = *it;
+      INFO("block ", depot::format_address(p), " + ", b.bytes);
+      REQUIRE(intact(p, b));
+      std::vector<std::pair<std::size_t, std::uint64_t>> until;
+      for (std::size_t u : b.uses) until.emplace_back(u, queued[u]);
+      until.emplace_back(b.stream, queued[b.stream]);
+      const auto how = rng() % 10;
+      void* const ptr = reinterpret_cast<void*>(p);
+      if (how == 9) {
+        CHECK_THROWS_AS(a.deallocate(ptr, up::stream(b.stream), true, b.bytes + 1), depot::invalid_argument);
+        ++bad_frees;
+        REQUIRE(intact(p, b));
+        continue;  // refused: still live, unchanged
+      }
+      if (how >= 7) until.emplace_back(s, queued[s]);  // freed on s: s's work up to now may use it
+      std::string said = "allocated on " + std::to_string(b.stream) + " at op " + std::to_string(b.op) +
+                         ", freed at op " + std::to_string(op) +
+                         (how < 5 ? " on its stream" : how < 7 ? " unnamed" : " on stream " + std::to_string(s)) +
+                         ", used on";
+      for (std::size_t u : b.uses) said += " " + std::to_string(u);
+      // Out of the live set before the call: the free itself may unmap its pages (release_threshold).
+      freed.push_back({p, b.bytes, std::move(until), said});
+      const std::size_t bytes = b.bytes, stream = b.stream;
+      live.erase(it);
+      order[k] = order.back();
+      order.pop_back();
+      if (how < 5) {
+        a.deallocate(ptr, up::stream(stream), true, rng() % 2 == 0 ? bytes : 0);
+      } else if (how < 7) {
+        a.deallocate(ptr, nullptr, false, 0);  // ordered on its allocation's stream
+      } else {
+        a.deallocate(ptr, up::stream(s), true, 0);
+      }
+    } else if (r < 76) {
+      const auto it = pick().second;
+      a.record_stream(reinterpret_cast<void*>(it->first), up::stream(s));
+      it->second.uses.insert(s);
+      ++queued[s];  // work on s that uses the block
+    } else if (r < 92) {
+      done[s] = std::min(queued[s], done[s] + rng() % 4);  // some of s's work finishes
+    } else if (r < 95) {
+      ++queued[s];  // unrelated work
+    } else if (r < 97) {
+      a.empty_cache();
+    } else if (r < 98) {
+      done = queued;  // the device goes idle
+    } else {
+      // A double free or a pointer inside a live block: refused by name, nothing changed.
+      std::uintptr_t bad = order[rng() % order.size()] + 512;
+      if (!freed.empty() && rng() % 2 == 0) {
+        bad = freed.back().addr;
+        for (const auto& [q, b] : live) bad = overlaps(bad, 1, q, b.bytes) ? 0 : bad;
+      }
+      if (bad != 0 && live.count(bad) == 0) {
+        CHECK_THROWS_AS(a.deallocate(reinterpret_cast<void*>(bad), nullptr, false, 0), depot::invalid_argument);
+        ++bad_frees;
+      }
+    }
+    // Freed bytes whose every stream has finished with them leave the model.
+    std::erase_if(freed, [&](const freed_block& f) {
+      return std::all_of(f.until.begin(), f.until.end(), [&](const auto& uw) { return done[uw.first] >= uw.second; });
+    });
+    REQUIRE_FALSE(unmapped_in_use);
+    check_invariants(a.stats(), a.snapshot());
+  }
+  MESSAGE(v.name, ": ", allocations, " allocations, ", reuses_waited, " reuses of freed bytes (", handed_early,
+          " ordered by a stream wait before the old work finished), ", dev->recorded, " events, ", dev->syncs,
+          " device synchronisations, ", dev->stream_waits, " stream waits, ", dev->frees, " segments freed, ", dev->unmaps, " pages unmapped, ", bad_frees,
+          " bad frees refused");
+  CHECK(reuses_waited > 0);
+  CHECK(dev->recorded > 0);
+  while (!live.empty()) {
+    const auto [p, b] = *live.begin();
+    REQUIRE(intact(p, b));
+    std::vector<std::pair<std::size_t, std::uint64_t>> until{{b.stream, queued[b.stream]}};
+    for (std::size_t u : b.uses) until.emplace_back(u, queued[u]);
+    freed.push_back({p, b.bytes, std::move(until), "freed at the end"});
+    live.erase(live.begin());
+    a.deallocate(reinterpret_cast<void*>(p), nullptr, false, 0);
+  }
+  a.empty_cache();  // what no stream may still use goes back; the rest waits (finish_uses)
+  REQUIRE_FALSE(unmapped_in_use);
+  done = queued;
+  a.empty_cache();  // every event complete: pending blocks return and every segment goes back
+  REQUIRE_FALSE(unmapped_in_use);
+  const auto st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.active_bytes.all.current == 0);
+  CHECK(st.reserved_bytes.all.current == 0);
+  CHECK(dev->events.empty());  // every event recorded was destroyed
+  check_invariants(st, a.snapshot());
+}
+
+// The bug the modelled-device fuzz found (2026-12-01): empty_cache() unmapped an expandable
+// segment's free pages while kernels queued on the stream that freed a block there could
+// still write it (a block freed on its stream is free at once; cuMemUnmap does not wait).
+// Here a kernel writes the block after a long wait; the block is freed and the cache
+// emptied while it waits: the write must land in mapped memory (no device fault) and the
+// pages go only after it.
+TEST_CASE_TEMPLATE("pool: empty_cache waits for the last work on a freed expandable block before unmapping it", D,
+                   DEPOT_TEST_DEVICES)
+{
+  depot::allocator_config cfg = quiet_config<D>();
+  cfg.expandable_segments = true;
+  depot::caching_allocator<D> a{0, cfg};
+  if (a.expandable_page() == 0) {
+    MESSAGE("no virtual memory management here: nothing to unmap");
+    return;
+  }
+  depot::stream<D> s;
+  const std::size_t n = 64 * MiB;
+  void* x = a.allocate(n, s);
+  depot::ops::busy_wait<D>(std::chrono::milliseconds(depot::is_gpu_v<D> ? 200 : 1), s);
+  depot::ops::fill<D, float>(static_cast<float*>(x), n / sizeof(float), 3.0F, s);
+  a.deallocate(x, s);  // free at once on s: s's queued fill still writes it
+  const auto t0 = std::chrono::steady_clock::now();
+  a.empty_cache();
+  const double waited_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("empty_cache took ", waited_ms, " ms");
+  CHECK(s.ready());                       // the fill was done before the pages went
+  CHECK_NOTHROW(s.synchronize());         // and the device did not fault
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+  if constexpr (depot::is_gpu_v<D>) CHECK(waited_ms > 50.0);  // it waited for the kernel
+  // The allocator still works on that stream afterwards.
+  void* y = a.allocate(n, s);
+  depot::ops::fill<D, float>(static_cast<float*>(y), n / sizeof(float), 1.0F, s);
+  s.synchronize();
+  a.deallocate(y, s);
+  check_invariants(a);
 }
 
 TEST_CASE("pool: a graph capture gets a private pool, and no call that would invalidate it (asynchronous backend)")
