@@ -341,6 +341,15 @@ class address_table {
     }
   }
 
+  // f(value) for every member, in no particular order.
+  template <class F>
+  void for_each(F f) const
+  {
+    for (const slot& s : slots_) {
+      if (s.key != 0) f(s.value);
+    }
+  }
+
   V* erase(std::uintptr_t key) noexcept
   {
     if (count_ == 0) return nullptr;
@@ -1581,10 +1590,21 @@ struct allocator_core::impl {
   ~impl()
   {
     stream_registry::unwatch(&closing_watch);  // first: no closing runs on what follows
-    // Give every segment back; pending events first (their streams may still run).
+    // The device's work first: pending blocks' streams, and the streams whose freed blocks
+    // are free at once, may still use memory that goes back below (cudaFree would wait;
+    // unmapping expandable pages would not). Then nothing waits any more (finish_uses).
+    if (async) {
+      try {
+        up->synchronize_device();
+      } catch (...) {  // the device failed: nothing runs on it any more
+      }
+      settled = true;
+    }
+    // Give every segment back; pending events first.
     for (auto& c : caches) {
       for (auto& [e, b] : c->pending) up->destroy_event(e);
-      if (c->fence != nullptr) up->destroy_event(c->fence);
+      c->pending.clear();
+      if (c->fence != nullptr) up->destroy_event(std::exchange(c->fence, nullptr));
       for (segment* s = c->segments; s != nullptr;) {
         segment* next = s->lnext;
         give_back(*s);  // (its block records: chunks)
@@ -1600,6 +1620,7 @@ struct allocator_core::impl {
   std::array<std::uint8_t, 64> divisions{};  // by floor(log2(size)): cfg's roundup divisions
   bool rounds = false;                        // some division above 1
   bool async;
+  bool settled = false;  // being destroyed, the device's work done: unmapping waits for nothing
   device_id dev;
   device_id streams_of;  // whose streams order the work (up->stream_device())
   std::uint64_t id = next_allocator_id.fetch_add(1);
@@ -2604,7 +2625,7 @@ struct allocator_core::impl {
   // finished instead, or, failing that too, nothing runs on it any more.
   void finish_uses(stream_cache& c) noexcept
   {
-    if (!async || capturing()) return;
+    if (!async || settled || capturing()) return;
     try {
       follow_last_uses(c, [&](native_event e) { up->wait_event(e); });
     } catch (...) {
@@ -2641,6 +2662,7 @@ struct allocator_core::impl {
   void stream_closing(device_id d, native_stream s) noexcept
   {
     if (d.kind != streams_of.kind || (streams_of.index >= 0 && d.index != streams_of.index)) return;
+    forget_uses(s);
     stream_cache* c = nullptr;
     {
       std::shared_lock r{registry_mu};
@@ -2661,6 +2683,52 @@ struct allocator_core::impl {
     }
     c->fence = e;  // (reopen() consumed any earlier one)
     c->closed = true;
+  }
+
+  // stream_registry: `s` is about to be destroyed while live blocks may list it among the
+  // streams that used them (record_stream, a free on another stream that is still to be
+  // ordered): their frees would record events on a destroyed stream's handle (an error, or,
+  // once the backend gives the handle to a new stream, an event on the wrong stream). So
+  // when one does, the host waits for the work queued on s, and the lists forget it. (Not
+  // during a capture, which forbids the wait: the lists keep s, and a refused event at the
+  // free is ordered by finishing the device's work.)
+  void forget_uses(native_stream s) noexcept
+  {
+    if (!async || capturing()) return;
+    const auto lists = [s](const std::vector<native_stream>& u) { return std::find(u.begin(), u.end(), s) != u.end(); };
+    bool listed = false;
+    {
+      std::shared_lock r{registry_mu};
+      for (auto& c : caches) {
+        cache_lock g{figures, *c};
+        c->live.for_each([&](const block* b) { listed = listed || (b->has_uses && lists(b->uses)); });
+        for (const auto& [addr, u] : c->small_uses) listed = listed || lists(u);
+        if (listed) break;
+      }
+    }
+    if (!listed) return;
+    try {
+      const native_event e = up->record_event(s);
+      try {
+        up->wait_event(e);
+      } catch (...) {
+        up->destroy_event(e);
+        throw;
+      }
+      up->destroy_event(e);
+    } catch (...) {
+      try {
+        up->synchronize_device();
+      } catch (...) {  // the device failed: nothing runs on it any more
+      }
+    }
+    const auto drop = [s](std::vector<native_stream>& u) { u.erase(std::remove(u.begin(), u.end(), s), u.end()); };
+    std::shared_lock r{registry_mu};
+    for (auto& c : caches) {
+      cache_lock g{figures, *c};
+      c->live.for_each([&](block* b) { drop(b->uses); });
+      for (auto& [addr, u] : c->small_uses) drop(u);
+    }
   }
 
   // The last capture ended: the events of frees deferred during captures are recorded
