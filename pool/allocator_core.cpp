@@ -67,6 +67,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -338,15 +339,6 @@ class address_table {
     for (std::size_t i = home(key);; i = (i + 1) & mask_) {
       if (slots_[i].key == key) return slots_[i].value;
       if (slots_[i].key == 0) return nullptr;
-    }
-  }
-
-  // f(value) for every member, in no particular order.
-  template <class F>
-  void for_each(F f) const
-  {
-    for (const slot& s : slots_) {
-      if (s.key != 0) f(s.value);
     }
   }
 
@@ -1288,6 +1280,9 @@ struct stream_cache {
   // in a frame, so a pointer's segment is the one starting in its frame or the one before.
   address_table<small_segment, 0> small_frames;
   std::unordered_map<std::uintptr_t, std::vector<native_stream>> small_uses;  // record_stream
+  // The linked blocks whose `uses` another stream was added to (has_uses set by uses_of):
+  // what a stream's destruction looks through (forget_uses), not every live block.
+  std::unordered_set<block*> listed;
   std::int64_t hits = 0;      // allocations served from this cache without growing
   // Statistics changed by the operation under way and not yet published. Its own heap
   // object, so a thread that moves to another cache can hand its changes over by swapping
@@ -1621,6 +1616,11 @@ struct allocator_core::impl {
   bool rounds = false;                        // some division above 1
   bool async;
   bool settled = false;  // being destroyed, the device's work done: unmapping waits for nothing
+  // Some block ever listed another stream (record_stream, a free on another stream): until
+  // then a stream's destruction need not look for blocks that list it (forget_uses).
+  // Relaxed: a listing that happened before a stream's destruction is seen by it (one that
+  // races with it uses a stream being destroyed, which is the caller's error).
+  std::atomic<bool> uses_listed{false};
   device_id dev;
   device_id streams_of;  // whose streams order the work (up->stream_device())
   std::uint64_t id = next_allocator_id.fetch_add(1);
@@ -1990,6 +1990,7 @@ struct allocator_core::impl {
     if (b->has_uses) {
       b->uses.clear();
       b->has_uses = false;
+      c.listed.erase(b);
     }
     if (block* p = b->prev; p != nullptr && p->state == block_state::free) {
       unindex(c, p);
@@ -2447,7 +2448,10 @@ struct allocator_core::impl {
   static std::vector<native_stream>* uses_of(stream_cache& c, const block_ref& r, bool create)
   {
     if (r.large != nullptr) {
-      r.large->has_uses |= create;
+      if (create) {  // (has_uses alone may be an export's: listed or not, it is listed now)
+        c.listed.insert(r.large);  // may throw std::bad_alloc, changing nothing
+        r.large->has_uses = true;
+      }
       return &r.large->uses;
     }
     if ((r.seg->units[r.unit].flags & unit_entry::has_uses) == 0 && !create) return nullptr;
@@ -2694,14 +2698,14 @@ struct allocator_core::impl {
   // free is ordered by finishing the device's work.)
   void forget_uses(native_stream s) noexcept
   {
-    if (!async || capturing()) return;
+    if (!async || capturing() || !uses_listed.load(std::memory_order_relaxed)) return;
     const auto lists = [s](const std::vector<native_stream>& u) { return std::find(u.begin(), u.end(), s) != u.end(); };
     bool listed = false;
     {
       std::shared_lock r{registry_mu};
       for (auto& c : caches) {
         cache_lock g{figures, *c};
-        c->live.for_each([&](const block* b) { listed = listed || (b->has_uses && lists(b->uses)); });
+        for (const block* b : c->listed) listed = listed || lists(b->uses);
         for (const auto& [addr, u] : c->small_uses) listed = listed || lists(u);
         if (listed) break;
       }
@@ -2726,7 +2730,7 @@ struct allocator_core::impl {
     std::shared_lock r{registry_mu};
     for (auto& c : caches) {
       cache_lock g{figures, *c};
-      c->live.for_each([&](block* b) { drop(b->uses); });
+      for (block* b : c->listed) drop(b->uses);
       for (auto& [addr, u] : c->small_uses) drop(u);
     }
   }
@@ -3654,6 +3658,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
   if (stream_given && stream != c.stream &&
       (uses == nullptr || std::find(uses->begin(), uses->end(), stream) == uses->end())) {
     try {
+      m.uses_listed.store(true, std::memory_order_relaxed);
       uses = impl::uses_of(c, b, true);
       uses->push_back(stream);
     } catch (...) {  // out of host memory: order by the device instead, below
@@ -3723,6 +3728,7 @@ void allocator_core::record_stream(void* ptr, native_stream stream)
   auto [b, lock] = m.lookup(ptr, m.hint_for(stream, false), false);
   stream_cache& c = impl::cache_of(b);
   if (stream == c.stream) return;
+  m.uses_listed.store(true, std::memory_order_relaxed);
   std::vector<native_stream>* uses = impl::uses_of(c, b, true);
   if (std::find(uses->begin(), uses->end(), stream) == uses->end()) uses->push_back(stream);
 }
