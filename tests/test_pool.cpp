@@ -2251,19 +2251,32 @@ class modelled_device_upstream final : public depot::upstream_resource {
     std::vector<std::uint64_t> queued = std::vector<std::uint64_t>(k_handles);  // by stream (incarnation)
     std::vector<std::uint64_t> done = std::vector<std::uint64_t>(k_handles);
     std::array<std::ptrdiff_t, k_handles> current{0, 1, 2, 3};  // a handle's stream; -1: destroyed
-    // after[{t, s}]: t's work enqueued from now on starts after s's work up to this
-    std::map<std::pair<std::size_t, std::size_t>, std::uint64_t> after;
+    // clock[t][u]: the last item of u's work that t's work from now on comes after (stream
+    // waits carry it along: t waited for an event of a stream that had waited, and so on).
+    std::vector<std::vector<std::uint64_t>> clock = std::vector<std::vector<std::uint64_t>>(k_handles);
     struct event {
       std::size_t stream;
       std::uint64_t position;
+      std::vector<std::uint64_t> after;  // the work it completes after: its stream's clock, and itself
     };
     std::map<std::uintptr_t, event> events;  // recorded, not destroyed
-    // A stream's waits (stream_wait) are items of its work: (its number, the awaited
-    // stream and position); the stream gets past one only once the awaited work is done.
-    std::map<std::size_t, std::vector<std::tuple<std::uint64_t, std::size_t, std::uint64_t>>> waits;
+    // A stream's waits (stream_wait) are items of its work: (its number, what it waits for);
+    // the stream gets past one only once that work is done.
+    std::map<std::size_t, std::vector<std::pair<std::uint64_t, std::vector<std::uint64_t>>>> waits;
     std::uintptr_t next = 0;
-    int recorded = 0, syncs = 0, host_waits = 0, stream_waits = 0, frees = 0, unmaps = 0;
+    int recorded = 0, syncs = 0, host_waits = 0, stream_waits = 0, frees = 0, unmaps = 0, refusals = 0;
     bool expandable = false;
+    std::size_t capacity = std::numeric_limits<std::size_t>::max();  // bytes of memory (segments and pages)
+    std::size_t used = 0;
+    void take(std::size_t bytes)  // out_of_memory past the capacity
+    {
+      if (bytes > capacity - used) {
+        ++refusals;
+        throw depot::out_of_memory("modelled device: " + std::to_string(bytes) + " bytes more do not fit", bytes,
+                                   depot::device_id{depot::device_kind::host, 0});
+      }
+      used += bytes;
+    }
     std::function<void(std::uintptr_t, std::size_t)> unmapping;  // before each vm_unmap
 
     [[nodiscard]] std::size_t stream_of(depot::native_stream h) const
@@ -2273,17 +2286,20 @@ class modelled_device_upstream final : public depot::upstream_resource {
       REQUIRE_MESSAGE(current[k - 1] >= 0, "the allocator used the handle of a destroyed stream");
       return static_cast<std::size_t>(current[k - 1]);
     }
-    [[nodiscard]] std::uint64_t waits_for(std::size_t t, std::size_t s) const
+    // Whether work enqueued on stream t from now on comes after u's work up to item w.
+    [[nodiscard]] bool ordered_after(std::size_t t, std::size_t u, std::uint64_t w) const
     {
-      const auto it = after.find({t, s});
-      return it == after.end() ? 0 : it->second;
+      return t == u || done[u] >= w || (u < clock[t].size() && clock[t][u] >= w);
     }
     // Stream t's work up to item x is done, and with it whatever t waited for on the way.
     void complete(std::size_t t, std::uint64_t x)
     {
       if (x <= done[t]) return;
-      for (const auto& [q, s, pos] : waits[t]) {
-        if (q <= x) complete(s, pos);
+      for (const auto& [q, upto] : waits[t]) {
+        if (q > x) break;
+        if (q <= done[t]) continue;
+        for (std::size_t u = 0; u < upto.size(); ++u) complete(u, upto[u]);
+        done[t] = std::max(done[t], q);
       }
       done[t] = std::max(done[t], x);
     }
@@ -2292,25 +2308,43 @@ class modelled_device_upstream final : public depot::upstream_resource {
       current[handle] = static_cast<std::ptrdiff_t>(queued.size());
       queued.push_back(0);
       done.push_back(0);
+      clock.emplace_back();
     }
   };
   static depot::native_stream handle(std::size_t i) { return reinterpret_cast<depot::native_stream>(i + 1); }
 
   explicit modelled_device_upstream(std::shared_ptr<state> s) : s_{std::move(s)} {}
-  void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
+  void* allocate(std::size_t bytes) override
+  {
+    s_->take(bytes);
+    try {
+      return inner_.allocate(bytes);
+    } catch (...) {
+      s_->used -= bytes;
+      throw;
+    }
+  }
   void deallocate(void* p, std::size_t bytes) noexcept override
   {
     ++s_->frees;
     s_->done = s_->queued;
+    s_->used -= bytes;
     inner_.deallocate(p, bytes);
   }
-  depot::memory_info memory() override { return inner_.memory(); }
+  depot::memory_info memory() override
+  {
+    if (s_->capacity == std::numeric_limits<std::size_t>::max()) return inner_.memory();
+    return {s_->capacity - s_->used, s_->capacity};
+  }
   depot::device_id device() const noexcept override { return inner_.device(); }
   depot::native_event record_event(depot::native_stream h) override
   {
     const std::size_t i = s_->stream_of(h);
     ++s_->recorded;
-    s_->events[++s_->next] = {i, s_->queued[i]};
+    std::vector<std::uint64_t> after = s_->clock[i];
+    after.resize(s_->queued.size());
+    after[i] = s_->queued[i];
+    s_->events[++s_->next] = {i, s_->queued[i], std::move(after)};
     return reinterpret_cast<depot::native_event>(s_->next);
   }
   bool event_done(depot::native_event e) override
@@ -2329,9 +2363,10 @@ class modelled_device_upstream final : public depot::upstream_resource {
     const auto& ev = event_of(e);
     ++s_->stream_waits;
     const std::size_t i = s_->stream_of(t);
-    auto& a = s_->after[{i, ev.stream}];
-    a = std::max(a, ev.position);
-    s_->waits[i].emplace_back(++s_->queued[i], ev.stream, ev.position);
+    auto& c = s_->clock[i];
+    c.resize(std::max(c.size(), ev.after.size()));
+    for (std::size_t u = 0; u < ev.after.size(); ++u) c[u] = std::max(c[u], ev.after[u]);
+    s_->waits[i].emplace_back(++s_->queued[i], ev.after);
   }
   void destroy_event(depot::native_event e) noexcept override
   {
@@ -2345,15 +2380,31 @@ class modelled_device_upstream final : public depot::upstream_resource {
   }
   std::size_t vm_page() override { return s_->expandable ? inner_.vm_page() : 0; }
   void* vm_reserve(std::size_t bytes) override { return inner_.vm_reserve(bytes); }
-  std::uint64_t vm_map(void* addr, std::size_t bytes) override { return inner_.vm_map(addr, bytes); }
+  std::uint64_t vm_map(void* addr, std::size_t bytes) override
+  {
+    s_->take(bytes);
+    try {
+      return inner_.vm_map(addr, bytes);
+    } catch (...) {
+      s_->used -= bytes;
+      throw;
+    }
+  }
   void vm_map_pages(void* addr, std::size_t page, std::size_t count, std::uint64_t* handles) override
   {
-    inner_.vm_map_pages(addr, page, count, handles);
+    s_->take(page * count);
+    try {
+      inner_.vm_map_pages(addr, page, count, handles);
+    } catch (...) {
+      s_->used -= page * count;
+      throw;
+    }
   }
   void vm_unmap(void* addr, std::size_t bytes, std::uint64_t h) noexcept override
   {
     ++s_->unmaps;
     if (s_->unmapping) s_->unmapping(reinterpret_cast<std::uintptr_t>(addr), bytes);
+    s_->used -= bytes;
     inner_.vm_unmap(addr, bytes, h);
   }
   void vm_release(void* addr, std::size_t bytes) noexcept override { inner_.vm_release(addr, bytes); }
@@ -2374,6 +2425,7 @@ struct ordering_variant {
   std::size_t lo, hi;  // request sizes
   depot::allocator_config cfg;
   bool expandable = false;
+  std::size_t capacity = std::numeric_limits<std::size_t>::max();  // the modelled device's memory
 };
 
 ordering_variant pick_ordering_variant()
@@ -2401,6 +2453,16 @@ ordering_variant pick_ordering_variant()
     v.cfg.release_threshold = 32 * MiB;
     v.expandable = true;
   }
+  SUBCASE("a 160 MiB device: out-of-memory retries") {
+    v = {"160 MiB device", 1, 24 * MiB, quiet_config<depot::host>()};
+    v.capacity = 160 * MiB;
+  }
+  SUBCASE("a 160 MiB device, expandable segments: out-of-memory retries") {
+    v = {"160 MiB device, expandable", 1, 24 * MiB, quiet_config<depot::host>()};
+    v.cfg.expandable_segments = true;
+    v.expandable = true;
+    v.capacity = 160 * MiB;
+  }
   return v;
 }
 
@@ -2423,6 +2485,7 @@ TEST_CASE("pool: stream ordering holds under 6 000 random operations on four str
   std::mt19937_64 rng{depot::test::seed("pool stream ordering fuzz", 0x5712EA)};
   auto dev = std::make_shared<up::state>();
   dev->expandable = v.expandable;
+  dev->capacity = v.capacity;
   const depot::device_id host0{depot::device_kind::host, 0};
   // Handles 3 and 4 are streams stream_registry knows (1 and 2 are built in): destroyed
   // ones leave a fence. Whatever is still registered when the test ends is closed.
@@ -2500,7 +2563,7 @@ TEST_CASE("pool: stream ordering holds under 6 000 random operations on four str
     while (!open[h]) h = (h + 1) % up::k_handles;
     return h;
   };
-  int handed_early = 0, reuses_waited = 0, bad_frees = 0, allocations = 0, closings = 0;
+  int handed_early = 0, reuses_waited = 0, bad_frees = 0, allocations = 0, closings = 0, ooms = 0;
   for (int op = 0; op < 6000; ++op) {
     CAPTURE(op);
     const auto r = rng() % 100;
@@ -2509,35 +2572,44 @@ TEST_CASE("pool: stream ordering holds under 6 000 random operations on four str
     if (live.empty() || r < 38) {
       std::size_t n = v.lo + rng() % (v.hi - v.lo + 1);
       if (rng() % 8 == 0) n = v.lo + rng() % std::min<std::size_t>(v.hi - v.lo + 1, 4 * KiB);
-      const auto p = reinterpret_cast<std::uintptr_t>(a->allocate(n, up::handle(h)));
-      ++allocations;
-      ++queued[s];  // the owner's work on it
-      for (const auto& [q, b] : live) {
-        if (overlaps(p, n, q, b.bytes)) {
-          FAIL("new block ", depot::format_address(p), " + ", n, " overlaps live ", depot::format_address(q), " + ",
-               b.bytes);
-        }
+      std::uintptr_t p = 0;
+      try {
+        p = reinterpret_cast<std::uintptr_t>(a->allocate(n, up::handle(h)));
+      } catch (const depot::out_of_memory& e) {
+        REQUIRE(v.capacity != std::numeric_limits<std::size_t>::max());  // only a small device runs out
+        CHECK(e.requested_bytes() == n);
+        ++ooms;
       }
-      for (const freed_block& f : freed) {
-        if (!overlaps(p, n, f.addr, f.bytes)) continue;
-        for (const auto& [u, w] : f.until) {
-          const bool ordered = u == s || done[u] >= w || dev->waits_for(s, u) >= w;
-          handed_early += ordered && u != s && done[u] < w ? 1 : 0;
-          if (ordered) continue;
-          INFO("block ", depot::format_address(p), " + ", n, " handed out on stream ", s, " overlaps ",
-               depot::format_address(f.addr), " + ", f.bytes, " which stream ", u, " may touch until its work ",
-               w, " (done ", done[u], ", stream ", s, " waits for ", dev->waits_for(s, u), "); it was ", f.how);
-          REQUIRE(ordered);
+      if (p != 0) {
+        ++allocations;
+        ++queued[s];  // the owner's work on it
+        for (const auto& [q, b] : live) {
+          if (overlaps(p, n, q, b.bytes)) {
+            FAIL("new block ", depot::format_address(p), " + ", n, " overlaps live ", depot::format_address(q), " + ",
+                 b.bytes);
+          }
         }
-        ++reuses_waited;
+        for (const freed_block& f : freed) {
+          if (!overlaps(p, n, f.addr, f.bytes)) continue;
+          for (const auto& [u, w] : f.until) {
+            const bool ordered = dev->ordered_after(s, u, w);
+            handed_early += ordered && u != s && done[u] < w ? 1 : 0;
+            if (ordered) continue;
+            INFO("block ", depot::format_address(p), " + ", n, " handed out on stream ", s, " overlaps ",
+                 depot::format_address(f.addr), " + ", f.bytes, " which stream ", u, " may touch until its work ",
+                 w, " (done ", done[u], ", and stream ", s, " was not made to wait for it); it was ", f.how);
+            REQUIRE(ordered);
+          }
+          ++reuses_waited;
+        }
+        const auto id = static_cast<unsigned char>(op % 251 + 1);
+        // The bytes intact() reads, and one per 64 KiB (writing all of each block faulted in
+        // gigabytes of fresh pages: minutes of system time)
+        for (std::size_t at = 0; at < n; at += 64 * KiB) *reinterpret_cast<unsigned char*>(p + at) = id;
+        for (std::size_t at : {n / 2, n - 1}) *reinterpret_cast<unsigned char*>(p + at) = id;
+        live[p] = {n, h, s, {}, id, op};
+        order.push_back(p);
       }
-      const auto id = static_cast<unsigned char>(op % 251 + 1);
-      // The bytes intact() reads, and one per 64 KiB (writing all of each block faulted in
-      // gigabytes of fresh pages: minutes of system time)
-      for (std::size_t at = 0; at < n; at += 64 * KiB) *reinterpret_cast<unsigned char*>(p + at) = id;
-      for (std::size_t at : {n / 2, n - 1}) *reinterpret_cast<unsigned char*>(p + at) = id;
-      live[p] = {n, h, s, {}, id, op};
-      order.push_back(p);
     } else if (r < 66) {
       const auto [k, it] = pick();
       const auto [p, b] = *it;
@@ -2625,10 +2697,12 @@ TEST_CASE("pool: stream ordering holds under 6 000 random operations on four str
   MESSAGE(v.name, ": ", allocations, " allocations, ", reuses_waited, " reuses of freed bytes (", handed_early,
           " ordered by a stream wait before the old work finished), ", dev->recorded, " events, ", dev->syncs,
           " device synchronisations, ", dev->stream_waits, " stream waits, ", closings, " streams destroyed, ",
-          dev->frees, " segments freed, ", dev->unmaps, " pages unmapped, ", bad_frees, " bad frees refused");
+          dev->frees, " segments freed, ", dev->unmaps, " pages unmapped, ", bad_frees, " bad frees refused, ",
+          ooms, " out_of_memory (", dev->refusals, " refusals by the device)");
   CHECK(reuses_waited > 0);
   CHECK(dev->recorded > 0);
   CHECK(closings > 0);
+  CHECK((ooms > 0) == (v.capacity != std::numeric_limits<std::size_t>::max()));
   // Half the live blocks freed, with their streams' work still queued; empty_cache gives
   // back only what no stream may still use (finish_uses waits for the rest), then the
   // allocator goes with blocks live and work queued: nothing is unmapped under them.
