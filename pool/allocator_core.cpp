@@ -2598,14 +2598,38 @@ struct allocator_core::impl {
       up->synchronize_device();
       return;
     }
-    const native_event e = up->record_event(c.stream);
+    follow_stream(c.stream, wait);
+  }
+
+  // `wait(event)` follows the work queued on stream s so far: an event recorded there,
+  // destroyed after (a stream's wait already queued holds what it needs). Throws what the
+  // backend throws.
+  template <class Wait>
+  void follow_stream(native_stream s, Wait wait)
+  {
+    const native_event e = up->record_event(s);
     try {
       wait(e);
     } catch (...) {
       up->destroy_event(e);
       throw;
     }
-    up->destroy_event(e);  // (a stream's wait already queued holds what it needs)
+    up->destroy_event(e);
+  }
+
+  // f(), for the paths that cannot throw: the backend failing, the device's work is finished
+  // instead, or, failing that too, nothing runs on it any more.
+  template <class F>
+  void or_finish_device(F f) noexcept
+  {
+    try {
+      f();
+    } catch (...) {
+      try {
+        up->synchronize_device();
+      } catch (...) {
+      }
+    }
   }
 
   // Makes work queued on stream `to` wait for the last uses of the free memory that cache
@@ -2625,19 +2649,11 @@ struct allocator_core::impl {
   // holds c's lock). Unmapping pages does not wait for the work that uses them (cuMemUnmap
   // and hipMemUnmap do not, where cudaFree and hipFree wait for the device), and a block
   // freed on a stream is free at once while that stream's kernels may still use it. Never
-  // during a capture (nothing is released then). The backend failing: the device's work is
-  // finished instead, or, failing that too, nothing runs on it any more.
+  // during a capture (nothing is released then).
   void finish_uses(stream_cache& c) noexcept
   {
     if (!async || settled || capturing()) return;
-    try {
-      follow_last_uses(c, [&](native_event e) { up->wait_event(e); });
-    } catch (...) {
-      try {
-        up->synchronize_device();
-      } catch (...) {
-      }
-    }
+    or_finish_device([&] { follow_last_uses(c, [&](native_event e) { up->wait_event(e); }); });
   }
 
   // The first allocation from a closed stream's cache (caller holds c's lock), or a free
@@ -2700,32 +2716,18 @@ struct allocator_core::impl {
   {
     if (!async || capturing() || !uses_listed.load(std::memory_order_relaxed)) return;
     const auto lists = [s](const std::vector<native_stream>& u) { return std::find(u.begin(), u.end(), s) != u.end(); };
-    bool listed = false;
+    bool found = false;
     {
       std::shared_lock r{registry_mu};
       for (auto& c : caches) {
         cache_lock g{figures, *c};
-        for (const block* b : c->listed) listed = listed || lists(b->uses);
-        for (const auto& [addr, u] : c->small_uses) listed = listed || lists(u);
-        if (listed) break;
+        for (const block* b : c->listed) found = found || lists(b->uses);
+        for (const auto& [addr, u] : c->small_uses) found = found || lists(u);
+        if (found) break;
       }
     }
-    if (!listed) return;
-    try {
-      const native_event e = up->record_event(s);
-      try {
-        up->wait_event(e);
-      } catch (...) {
-        up->destroy_event(e);
-        throw;
-      }
-      up->destroy_event(e);
-    } catch (...) {
-      try {
-        up->synchronize_device();
-      } catch (...) {  // the device failed: nothing runs on it any more
-      }
-    }
+    if (!found) return;
+    or_finish_device([&] { follow_stream(s, [&](native_event e) { up->wait_event(e); }); });
     const auto drop = [s](std::vector<native_stream>& u) { u.erase(std::remove(u.begin(), u.end(), s), u.end()); };
     std::shared_lock r{registry_mu};
     for (auto& c : caches) {

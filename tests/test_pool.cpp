@@ -2527,6 +2527,13 @@ TEST_CASE("pool: stream ordering holds under 6 000 random operations on four str
     std::string how;
   };
   std::vector<freed_block> freed;
+  // What may still touch a live block now: its stream's work so far, and that of the
+  // streams it was recorded on.
+  const auto last_uses = [&](const live_block& b) {
+    std::vector<std::pair<std::size_t, std::uint64_t>> until{{b.stream, queued[b.stream]}};
+    for (std::size_t u : b.uses) until.emplace_back(u, queued[u]);
+    return until;
+  };
   const auto overlaps = [](std::uintptr_t p, std::size_t n, std::uintptr_t q, std::size_t m) {
     return p < q + m && q < p + n;
   };
@@ -2615,9 +2622,7 @@ TEST_CASE("pool: stream ordering holds under 6 000 random operations on four str
       const auto [p, b] = *it;
       INFO("block ", depot::format_address(p), " + ", b.bytes);
       REQUIRE(intact(p, b));
-      std::vector<std::pair<std::size_t, std::uint64_t>> until;
-      for (std::size_t u : b.uses) until.emplace_back(u, queued[u]);
-      until.emplace_back(b.stream, queued[b.stream]);
+      std::vector<std::pair<std::size_t, std::uint64_t>> until = last_uses(b);
       // On its stream (while its handle still names it), unnamed, or on the stream of h.
       const bool own_open = dev->current[b.handle] == static_cast<std::ptrdiff_t>(b.stream);
       auto how = rng() % 10;
@@ -2706,24 +2711,21 @@ TEST_CASE("pool: stream ordering holds under 6 000 random operations on four str
   // Half the live blocks freed, with their streams' work still queued; empty_cache gives
   // back only what no stream may still use (finish_uses waits for the rest), then the
   // allocator goes with blocks live and work queued: nothing is unmapped under them.
-  while (live.size() > order.size() / 2 && !order.empty()) {
+  for (const std::size_t keep = order.size() / 2; order.size() > keep;) {
     const std::uintptr_t p = order.back();
     order.pop_back();
     const live_block b = live.at(p);
     REQUIRE(intact(p, b));
-    std::vector<std::pair<std::size_t, std::uint64_t>> until{{b.stream, queued[b.stream]}};
-    for (std::size_t u : b.uses) until.emplace_back(u, queued[u]);
-    freed.push_back({p, b.bytes, std::move(until), "freed at the end"});
+    freed.push_back({p, b.bytes, last_uses(b), "freed at the end"});
     live.erase(p);
     a->deallocate(reinterpret_cast<void*>(p), nullptr, false, 0);
   }
   a->empty_cache();
   REQUIRE_FALSE(unmapped_in_use);
   check_invariants(a->stats(), a->snapshot());
+  CHECK_FALSE(live.empty());
   for (const auto& [p, b] : live) {  // the allocator's destruction frees them, work still queued
-    std::vector<std::pair<std::size_t, std::uint64_t>> until{{b.stream, queued[b.stream]}};
-    for (std::size_t u : b.uses) until.emplace_back(u, queued[u]);
-    freed.push_back({p, b.bytes, std::move(until), "live when the allocator went"});
+    freed.push_back({p, b.bytes, last_uses(b), "live when the allocator went"});
   }
   live.clear();
   a.reset();
