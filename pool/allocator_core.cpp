@@ -1639,6 +1639,9 @@ struct allocator_core::impl {
       }
       settled = true;
     }
+    for (auto& [marker, fence] : closed_fences) {
+      if (fence != nullptr) up->destroy_event(fence);
+    }
     // Give every segment back; pending events first.
     for (auto& c : caches) {
       for (auto& [e, b] : c->pending) up->destroy_event(e);
@@ -1665,6 +1668,21 @@ struct allocator_core::impl {
   // Relaxed: a listing that happened before a stream's destruction is seen by it (one that
   // races with it uses a stream being destroyed, which is the caller's error).
   std::atomic<bool> uses_listed{false};
+  // Streams destroyed during a graph capture while a list named them (forget_uses): the host
+  // may not wait for their work then, so the lists (blocks' uses, deferred frees) name a
+  // marker in their place (bit 63 set, which no handle has) with a fence recorded on the
+  // stream before it went (null: the whole device, if the stream refused it). When the last
+  // capture ends the host waits for the fences and the lists forget the markers
+  // (after_captures); a free outside a capture before that waits for the fence itself. A
+  // stream made meanwhile with the old handle is another stream, listed by its handle.
+  std::mutex closed_mu;
+  std::unordered_map<native_stream, native_event> closed_fences;  // marker -> fence
+  std::uint64_t closed_count = 0;                                  // markers made (under closed_mu)
+  static constexpr std::uintptr_t k_closed_marker = std::uintptr_t{1} << 63U;
+  static bool is_marker(native_stream s) noexcept
+  {
+    return (reinterpret_cast<std::uintptr_t>(s) & k_closed_marker) != 0;
+  }
   device_id dev;
   device_id streams_of;  // whose streams order the work (up->stream_device())
   std::uint64_t id = next_allocator_id.fetch_add(1);
@@ -2751,14 +2769,15 @@ struct allocator_core::impl {
 
   // stream_registry: `s` is about to be destroyed while live blocks may list it among the
   // streams that used them (record_stream, a free on another stream that is still to be
-  // ordered): their frees would record events on a destroyed stream's handle (an error, or,
-  // once the backend gives the handle to a new stream, an event on the wrong stream). So
-  // when one does, the host waits for the work queued on s, and the lists forget it. (Not
-  // during a capture, which forbids the wait: the lists keep s, and a refused event at the
-  // free is ordered by finishing the device's work.)
+  // ordered), or frees deferred during a capture wait for it: their events would be
+  // recorded on a destroyed stream's handle (an error, or, once the backend gives the
+  // handle to a new stream, an event on the wrong stream). So when one does, the host waits
+  // for the work queued on s, the lists forget it and its deferred frees are settled.
+  // During a capture, which forbids the wait, a fence recorded on s (which no capture
+  // holds: it is being destroyed) takes its place in the lists, as a marker (closed_fences).
   void forget_uses(native_stream s) noexcept
   {
-    if (!async || capturing() || !uses_listed.load(std::memory_order_relaxed)) return;
+    if (!async || !uses_listed.load(std::memory_order_relaxed)) return;
     const auto lists = [s](const std::vector<native_stream>& u) { return std::find(u.begin(), u.end(), s) != u.end(); };
     bool found = false;
     {
@@ -2767,10 +2786,15 @@ struct allocator_core::impl {
         cache_lock g{figures, *c};
         for (const block* b : c->listed) found = found || lists(b->uses);
         for (const auto& [addr, u] : c->small_uses) found = found || lists(u);
+        for (const auto& d : c->deferred) found = found || d.first == s;
         if (found) break;
       }
     }
     if (!found) return;
+    if (capturing()) {
+      close_in_capture(s);
+      return;
+    }
     or_finish_device([&] { follow_stream(s, [&](native_event e) { up->wait_event(e); }); });
     const auto drop = [s](std::vector<native_stream>& u) { u.erase(std::remove(u.begin(), u.end(), s), u.end()); };
     std::shared_lock r{registry_mu};
@@ -2778,7 +2802,65 @@ struct allocator_core::impl {
       cache_lock g{figures, *c};
       for (block* b : c->listed) drop(b->uses);
       for (auto& [addr, u] : c->small_uses) drop(u);
+      settle_deferred(*c, [s](native_stream d) { return d == s; });
     }
+  }
+
+  // forget_uses() during a capture: s's place in the lists goes to a marker, with a fence.
+  void close_in_capture(native_stream s) noexcept
+  {
+    native_event fence = nullptr;
+    try {
+      fence = up->record_event(s);  // (on a stream no capture holds: allowed, BENCHMARKS.md)
+    } catch (...) {  // the stream refused it: the capture's end finishes the device's work
+    }
+    native_stream marker = nullptr;
+    try {
+      const std::lock_guard g{closed_mu};
+      marker = reinterpret_cast<native_stream>(k_closed_marker | ++closed_count);
+      closed_fences.emplace(marker, fence);
+    } catch (...) {  // out of host memory: s stays listed, as before (its event refused later)
+      if (fence != nullptr) up->destroy_event(fence);
+      return;
+    }
+    const auto swap_in = [&](native_stream& u) {
+      if (u == s) u = marker;
+    };
+    std::shared_lock r{registry_mu};
+    for (auto& c : caches) {
+      cache_lock g{figures, *c};
+      for (block* b : c->listed) std::for_each(b->uses.begin(), b->uses.end(), swap_in);
+      for (auto& [addr, u] : c->small_uses) std::for_each(u.begin(), u.end(), swap_in);
+      for (auto& d : c->deferred) swap_in(d.first);
+    }
+  }
+
+  // The host waits for the work a marker stands for (no capture under way).
+  void wait_closed(native_stream marker)
+  {
+    const std::lock_guard g{closed_mu};
+    const auto it = closed_fences.find(marker);
+    if (it == closed_fences.end()) return;  // (forgotten: already waited for)
+    if (it->second != nullptr) {
+      up->wait_event(it->second);
+    } else {
+      up->synchronize_device();
+    }
+  }
+
+  // The frees deferred in c whose stream `done(s)` says finished: one wait each settled.
+  template <class Done>
+  void settle_deferred(stream_cache& c, Done done) noexcept
+  {
+    auto keep = c.deferred.begin();
+    for (auto it = c.deferred.begin(); it != c.deferred.end(); ++it) {
+      if (done(it->first)) {
+        settle_one(c, it->second);
+      } else {
+        *keep++ = *it;
+      }
+    }
+    c.deferred.erase(keep, c.deferred.end());
   }
 
   // The last capture ended: the events of frees deferred during captures are recorded
@@ -2788,12 +2870,53 @@ struct allocator_core::impl {
   void after_captures() noexcept
   {
     const std::lock_guard grow_guard{grow_mu};
+    // The streams destroyed during captures first: the host waits for their fences, then
+    // the lists forget their markers and their deferred frees are settled. (Markers made
+    // meanwhile, by a destruction while a capture that is about to begin counts, stay for
+    // that capture's end.)
+    std::vector<std::pair<native_stream, native_event>> closed;
+    try {
+      const std::lock_guard g{closed_mu};
+      closed.assign(closed_fences.begin(), closed_fences.end());
+    } catch (...) {  // out of host memory: the next capture's end does it
+    }
+    if (!closed.empty()) {
+      if (capturing()) return;  // another capture began: its end does this
+      for (const auto& [marker, fence] : closed) {
+        or_finish_device([&] {
+          if (fence != nullptr) {
+            up->wait_event(fence);
+          } else {
+            up->synchronize_device();
+          }
+        });
+      }
+      const auto waited = [&](native_stream u) {
+        return is_marker(u) && std::any_of(closed.begin(), closed.end(), [u](const auto& x) { return x.first == u; });
+      };
+      const auto drop = [&](std::vector<native_stream>& u) { u.erase(std::remove_if(u.begin(), u.end(), waited), u.end()); };
+      {
+        std::shared_lock r{registry_mu};
+        for (auto& c : caches) {
+          cache_lock g{figures, *c};
+          for (block* b : c->listed) drop(b->uses);
+          for (auto& [addr, u] : c->small_uses) drop(u);
+          settle_deferred(*c, waited);
+        }
+      }
+      const std::lock_guard g{closed_mu};
+      for (const auto& [marker, fence] : closed) {
+        if (fence != nullptr) up->destroy_event(fence);
+        closed_fences.erase(marker);
+      }
+    }
     {
       std::shared_lock r{registry_mu};
       for (auto& c : caches) {
         cache_lock g{figures, *c};
         if (capturing()) return;  // another capture began: its end does this
         for (auto [s, b] : c->deferred) {
+          if (is_marker(s)) continue;  // made since the waits above: its capture's end
           try {
             c->pending.reserve(c->pending.size() + 1);
             const native_event e = up->record_event(s);
@@ -2807,7 +2930,7 @@ struct allocator_core::impl {
           }
           settle_one(*c, b);
         }
-        c->deferred.clear();
+        std::erase_if(c->deferred, [](const auto& d) { return !is_marker(d.first); });
       }
     }
     std::vector<std::uint64_t> due;
@@ -3482,6 +3605,7 @@ struct allocator_core::impl {
     importers.fork_hold();
     trace_mu.lock();
     oom_mu.lock();
+    closed_mu.lock();  // (a leaf: taken under a cache's lock by a free's wait_closed)
     up->fork_hold();
   }
   // After the fork: given back in the parent; in the child (the forking thread alone) made
@@ -3489,6 +3613,7 @@ struct allocator_core::impl {
   void fork_release(bool child) noexcept
   {
     up->fork_release(child);
+    release_after_fork(closed_mu, child);
     release_after_fork(oom_mu, child);
     release_after_fork(trace_mu, child);
     importers.fork_release(child);
@@ -3747,7 +3872,13 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
       if (uses->size() > 0xFFFF) throw std::length_error("too many streams to count");  // 16-bit counts
       events.reserve(uses->size());
       c.pending.reserve(c.pending.size() + uses->size());
-      for (native_stream s : *uses) events.push_back(m.up->record_event(s));
+      for (native_stream s : *uses) {
+        if (impl::is_marker(s)) {  // a stream destroyed during a capture: its fence
+          m.wait_closed(s);
+          continue;
+        }
+        events.push_back(m.up->record_event(s));
+      }
     } catch (...) {
       for (native_event e : events) m.up->destroy_event(e);
       events.clear();

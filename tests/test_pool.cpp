@@ -2068,6 +2068,11 @@ class manual_event_upstream final : public depot::upstream_resource {
     int forbidden = 0;
     int captured_records = 0;
     int upstream_frees = 0;
+    // Handles the test marked destroyed (and not made again): an event recorded on one is
+    // counted in `dead_records`. The last record_event()'s stream.
+    std::set<std::uintptr_t> dead;
+    int dead_records = 0;
+    std::uintptr_t last_record_stream = 0;
     depot::device_id streams{depot::device_kind::host, 0};  // stream_device()
     std::mutex mu;  // held by every call below (a test reads the fields between calls)
   };
@@ -2092,11 +2097,13 @@ class manual_event_upstream final : public depot::upstream_resource {
   depot::memory_info memory() override { return inner_.memory(); }
   depot::device_id device() const noexcept override { return inner_.device(); }
   depot::device_id stream_device() const noexcept override { return s_->streams; }
-  depot::native_event record_event(depot::native_stream) override
+  depot::native_event record_event(depot::native_stream stream) override
   {
     const std::lock_guard g{s_->mu};
     if (s_->fail_events) throw depot::error("test: event refused", "record_event", __FILE__, __LINE__, 1, "test");
     ++s_->recorded;
+    s_->last_record_stream = reinterpret_cast<std::uintptr_t>(stream);
+    s_->dead_records += static_cast<int>(s_->dead.count(s_->last_record_stream));
     s_->captured_records += s_->capture ? 1 : 0;
     s_->open.insert(++s_->next);
     return reinterpret_cast<depot::native_event>(s_->next);
@@ -2811,6 +2818,80 @@ TEST_CASE_TEMPLATE("pool: a stream destroyed while a live block lists it is wait
   MESSAGE("an unlisted stream's destruction took ", ms3, " ms (not asserted: under compute-sanitizer every stream "
           "destruction waits)");
   check_invariants(a);
+}
+
+// A stream that blocks list (record_stream) destroyed during a graph capture, which forbids
+// the host's wait for its work: a fence recorded on it before it goes takes its place, and
+// the capture's end waits for the fence. Without that, the frees' events went on the dead
+// handle (an error; or, once a new stream has the handle, an event on the wrong stream).
+TEST_CASE("pool: a stream destroyed during a graph capture is ordered by a fence, and no event goes on its handle")
+{
+  const std::size_t n = each_block_kind();
+  bool reopened = false;  // a new stream gets the handle during the capture
+  SUBCASE("the handle stays dead") {}
+  SUBCASE("a new stream gets the handle") { reopened = true; }
+  CAPTURE(n);
+  CAPTURE(reopened);
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a = async_core(ev);
+  const auto s1 = fake_stream(0x1000);  // the blocks' stream
+  const auto s2 = fake_stream(0x2000);  // uses them; destroyed during the capture
+  const auto s3 = fake_stream(0x3000);  // the capture's
+  const depot::device_id dev = ev->streams;
+  depot::stream_registry::opened(dev, s2);
+  void* x = a.allocate(n, s1);   // live through the capture
+  void* y = a.allocate(n, s1);   // freed during the capture before s2 goes: deferred for s2
+  void* z = a.allocate(n, s1);   // freed during the capture after s2 went
+  for (void* p : {x, y, z}) a.record_stream(p, s2);
+  const std::uint64_t pool = a.begin_capture(s3, 0);
+  ev->capture = true;
+  a.deallocate(y, s1, true, 0);
+  CHECK(pending_in(a) == 1);
+  const int recorded = ev->recorded;
+  depot::stream_registry::closing(dev, s2);
+  ev->dead.insert(0x2000);
+  CHECK(ev->forbidden == 0);                 // no wait, no query
+  CHECK(ev->recorded == recorded + 1);       // the fence
+  CHECK(ev->last_record_stream == 0x2000);
+  const std::uintptr_t fence = ev->next;
+  if (reopened) {
+    depot::stream_registry::opened(dev, s2);
+    ev->dead.erase(0x2000);
+    a.record_stream(x, s2);  // the new stream's use: listed by its handle
+  }
+  a.deallocate(z, s1, true, 0);
+  CHECK(pending_in(a) == 2);
+  CHECK(ev->recorded == recorded + 1);
+  CHECK(ev->forbidden == 0);
+  ev->capture = false;
+  const int waits = ev->waits;
+  a.end_capture(s3);
+  // The end waited for the fence once; y and z are free again, no event recorded for them.
+  CHECK(ev->waits == waits + 1);
+  CHECK(ev->open.count(fence) == 0);
+  CHECK(ev->recorded == recorded + 1);
+  CHECK(pending_in(a) == 0);
+  void* y2 = a.allocate(n, s1);
+  void* z2 = a.allocate(n, s1);
+  CHECK(((y2 == y && z2 == z) || (y2 == z && z2 == y)));
+  // x's free: an event on the new stream if one used x, none for the destroyed one.
+  a.deallocate(x, s1, true, 0);
+  CHECK(ev->recorded == recorded + 1 + (reopened ? 1 : 0));
+  CHECK(pending_in(a) == (reopened ? 1 : 0));
+  CHECK(ev->dead_records == 0);
+  if (reopened) {
+    CHECK(ev->last_record_stream == 0x2000);
+    depot::stream_registry::closing(dev, s2);  // (x pending on it: waited for, outside a capture)
+  }
+  ev->open.clear();
+  a.deallocate(y2, s1, true, 0);
+  a.deallocate(z2, s1, true, 0);
+  a.release_capture_pool(pool);
+  a.empty_cache();
+  const depot::memory_stats st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(pending_in(a) == 0);
+  check_invariants(st, a.snapshot());
 }
 
 TEST_CASE("pool: a graph capture gets a private pool, and no call that would invalidate it (asynchronous backend)")
