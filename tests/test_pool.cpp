@@ -2272,6 +2272,19 @@ class modelled_device_upstream final : public depot::upstream_resource {
     std::map<std::size_t, std::vector<std::pair<std::uint64_t, std::vector<std::uint64_t>>>> waits;
     std::uintptr_t next = 0;
     int recorded = 0, syncs = 0, host_waits = 0, stream_waits = 0, frees = 0, unmaps = 0, refusals = 0;
+    // A graph capture under way on stream `capturing` (-1: none): CUDA's global capture mode
+    // forbids a query, a wait, a synchronisation or a free of device memory, on any stream;
+    // an event recorded on the capturing stream would be a node of its graph. Each counted
+    // in `forbidden`, with what it was in `forbidden_calls`.
+    std::ptrdiff_t capturing = -1;
+    int forbidden = 0;
+    std::string forbidden_calls;
+    void forbid(const char* call)
+    {
+      if (capturing < 0) return;
+      ++forbidden;
+      forbidden_calls += std::string{" "} + call;
+    }
     bool expandable = false;
     std::size_t capacity = std::numeric_limits<std::size_t>::max();  // bytes of memory (segments and pages)
     std::size_t used = 0;
@@ -2333,6 +2346,7 @@ class modelled_device_upstream final : public depot::upstream_resource {
   }
   void deallocate(void* p, std::size_t bytes) noexcept override
   {
+    s_->forbid("deallocate");
     ++s_->frees;
     s_->done = s_->queued;
     s_->used -= bytes;
@@ -2347,6 +2361,7 @@ class modelled_device_upstream final : public depot::upstream_resource {
   depot::native_event record_event(depot::native_stream h) override
   {
     const std::size_t i = s_->stream_of(h);
+    if (static_cast<std::ptrdiff_t>(i) == s_->capturing) s_->forbid("record_event on the capturing stream");
     ++s_->recorded;
     std::vector<std::uint64_t> after = s_->clock[i];
     after.resize(s_->queued.size());
@@ -2356,11 +2371,13 @@ class modelled_device_upstream final : public depot::upstream_resource {
   }
   bool event_done(depot::native_event e) override
   {
+    s_->forbid("event_done");
     const auto& ev = event_of(e);
     return s_->done[ev.stream] >= ev.position;
   }
   void wait_event(depot::native_event e) override
   {
+    s_->forbid("wait_event");
     const auto& ev = event_of(e);
     ++s_->host_waits;
     s_->complete(ev.stream, ev.position);
@@ -2382,6 +2399,7 @@ class modelled_device_upstream final : public depot::upstream_resource {
   }
   void synchronize_device() override
   {
+    s_->forbid("synchronize_device");
     ++s_->syncs;
     s_->done = s_->queued;
   }
@@ -2409,6 +2427,7 @@ class modelled_device_upstream final : public depot::upstream_resource {
   }
   void vm_unmap(void* addr, std::size_t bytes, std::uint64_t h) noexcept override
   {
+    s_->forbid("vm_unmap");
     ++s_->unmaps;
     if (s_->unmapping) s_->unmapping(reinterpret_cast<std::uintptr_t>(addr), bytes);
     s_->used -= bytes;
@@ -2477,7 +2496,9 @@ ordering_variant pick_ordering_variant()
 
 // Random allocations, frees (on the block's stream, unnamed, on another stream, with and
 // without the size), record_stream, work finishing stream by stream, streams destroyed and
-// their handles made again, empty_cache, bad frees, on four stream handles of an
+// their handles made again, graph captures (streams destroyed during them, pools reused and
+// released; no query, wait, synchronisation or device free may happen during one),
+// empty_cache, bad frees, on four stream handles of an
 // asynchronous backend, and the allocator destroyed at the end with work still queued.
 // After every operation: the statistics equal the snapshot; every allocation's bytes are
 // disjoint from every live block and from every freed block some other stream's unfinished
@@ -2577,9 +2598,27 @@ TEST_CASE("pool: stream ordering holds under 6 000 random operations on four str
     while (!open[h]) h = (h + 1) % up::k_handles;
     return h;
   };
-  int handed_early = 0, reuses_waited = 0, bad_frees = 0, allocations = 0, closings = 0, ooms = 0;
+  int handed_early = 0, reuses_waited = 0, bad_frees = 0, allocations = 0, closings = 0, ooms = 0, captures = 0,
+      closed_in_capture = 0;
+  // Graph captures on handle 3 or 4 (registered streams): the captured work is never
+  // launched, so it touches no memory (the model queues none). Each begin_capture is one
+  // use of its pool, released once the capture ended (a pool may take a second capture).
+  std::ptrdiff_t capture_handle = -1;
+  std::uint64_t capture_pool = 0;
+  std::vector<std::uint64_t> pool_uses;  // one per ended capture, not yet released
+  const auto end_capture = [&] {
+    dev->capturing = -1;
+    a->end_capture(up::handle(static_cast<std::size_t>(capture_handle)));
+    pool_uses.push_back(capture_pool);
+    capture_handle = -1;
+  };
+  // Work queued on stream t (none while t is capturing: a graph's nodes).
+  const auto work_on = [&](std::size_t t) {
+    if (static_cast<std::ptrdiff_t>(t) != dev->capturing) ++queued[t];
+  };
   for (int op = 0; op < 6000; ++op) {
     CAPTURE(op);
+    CAPTURE(capture_handle);
     const auto r = rng() % 100;
     const std::size_t h = open_handle();
     const auto s = static_cast<std::size_t>(dev->current[h]);
@@ -2596,7 +2635,7 @@ TEST_CASE("pool: stream ordering holds under 6 000 random operations on four str
       }
       if (p != 0) {
         ++allocations;
-        ++queued[s];  // the owner's work on it
+        work_on(s);  // the owner's work on it
         for (const auto& [q, b] : live) {
           if (overlaps(p, n, q, b.bytes)) {
             FAIL("new block ", depot::format_address(p), " + ", n, " overlaps live ", depot::format_address(q), " + ",
@@ -2664,24 +2703,51 @@ TEST_CASE("pool: stream ordering holds under 6 000 random operations on four str
       const auto it = pick().second;
       a->record_stream(reinterpret_cast<void*>(it->first), up::handle(h));
       it->second.uses.insert(s);
-      ++queued[s];  // work on s that uses the block
-    } else if (r < 91) {
+      work_on(s);  // work on s that uses the block
+    } else if (r < 90) {
       const std::size_t u = rng() % queued.size();  // any stream, destroyed ones too
       dev->complete(u, std::min(queued[u], done[u] + rng() % 4));  // some of u's work finishes
+    } else if (r < 91) {
+      // A capture begins on handle 3 or 4 (into a new pool, or one whose capture ended), or
+      // the one under way ends.
+      if (capture_handle >= 0) {
+        end_capture();
+      } else if (const std::size_t g = 2 + rng() % 2; open[g]) {
+        const std::uint64_t into = !pool_uses.empty() && rng() % 3 == 0 ? pool_uses[rng() % pool_uses.size()] : 0;
+        capture_pool = a->begin_capture(up::handle(g), into);
+        CHECK((into == 0 || capture_pool == into));
+        capture_handle = static_cast<std::ptrdiff_t>(g);
+        dev->capturing = dev->current[g];
+        ++captures;
+      }
+    } else if (r < 92) {
+      if (capture_handle < 0 && !pool_uses.empty()) {  // a captured graph's pool goes
+        const std::size_t k = rng() % pool_uses.size();
+        a->release_capture_pool(pool_uses[k]);
+        pool_uses[k] = pool_uses.back();
+        pool_uses.pop_back();
+      }
     } else if (r < 94) {
-      ++queued[s];  // unrelated work
+      work_on(s);  // unrelated work
     } else if (r < 96) {
-      a->empty_cache();
+      if (capture_handle >= 0) {
+        CHECK_THROWS_AS(a->empty_cache(), depot::invalid_argument);  // nothing is released during one
+      } else {
+        a->empty_cache();
+      }
     } else if (r < 97) {
       done = queued;  // the device goes idle
     } else if (r < 98) {
       // Handle 3 or 4: its stream is destroyed (its cache records a fence), or made again.
       const std::size_t g = 2 + rng() % 2;
-      if (open[g]) {
+      if (static_cast<std::ptrdiff_t>(g) == capture_handle) {
+        // (a capturing stream is not destroyed)
+      } else if (open[g]) {
         depot::stream_registry::closing(host0, up::handle(g));
         dev->current[g] = -1;
         open[g] = false;
         ++closings;
+        closed_in_capture += capture_handle >= 0 ? 1 : 0;
       } else {
         dev->remake(g);
         depot::stream_registry::opened(host0, up::handle(g));
@@ -2704,9 +2770,15 @@ TEST_CASE("pool: stream ordering holds under 6 000 random operations on four str
       return std::all_of(f.until.begin(), f.until.end(), [&](const auto& uw) { return done[uw.first] >= uw.second; });
     });
     REQUIRE_FALSE(unmapped_in_use);
+    REQUIRE_MESSAGE(dev->forbidden == 0, "during a capture:", dev->forbidden_calls);
     check_invariants(a->stats(), a->snapshot());
   }
-  MESSAGE(v.name, ": ", allocations, " allocations, ", reuses_waited, " reuses of freed bytes (", handed_early,
+  if (capture_handle >= 0) end_capture();
+  for (const std::uint64_t pool : pool_uses) a->release_capture_pool(pool);
+  REQUIRE_FALSE(unmapped_in_use);
+  check_invariants(a->stats(), a->snapshot());
+  MESSAGE(v.name, ": ", captures, " graph captures (", closed_in_capture, " streams destroyed during one), ",
+          allocations, " allocations, ", reuses_waited, " reuses of freed bytes (", handed_early,
           " ordered by a stream wait before the old work finished), ", dev->recorded, " events, ", dev->syncs,
           " device synchronisations, ", dev->stream_waits, " stream waits, ", closings, " streams destroyed, ",
           dev->frees, " segments freed, ", dev->unmaps, " pages unmapped, ", bad_frees, " bad frees refused, ",
@@ -2714,6 +2786,8 @@ TEST_CASE("pool: stream ordering holds under 6 000 random operations on four str
   CHECK(reuses_waited > 0);
   CHECK(dev->recorded > 0);
   CHECK(closings > 0);
+  CHECK(captures > 0);
+  CHECK(closed_in_capture > 0);
   CHECK((ooms > 0) == (v.capacity != std::numeric_limits<std::size_t>::max()));
   // Half the live blocks freed, with their streams' work still queued; empty_cache gives
   // back only what no stream may still use (finish_uses waits for the rest), then the
