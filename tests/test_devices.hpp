@@ -8,6 +8,7 @@
 #include <depot/hal/device.hpp>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -25,8 +26,20 @@
 namespace depot::test {
 
 // Fixed seeds for randomised tests; printed so that a failure can be replayed.
+// DEPOT_TEST_SEED=N (a decimal or 0x number) gives every randomised test seed N instead,
+// to explore beyond the fixed ones; a value that is not a number stops the run, saying so.
 inline std::uint64_t seed(const char* test_name, std::uint64_t value)
 {
+  if (const char* env = std::getenv("DEPOT_TEST_SEED"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(env, &end, 0);
+    if (errno != 0 || end == env || *end != '\0' || *env == '-') {
+      std::fprintf(stderr, "DEPOT_TEST_SEED='%s' is not a number (valid: 0 to 2^64-1, decimal or 0x hex)\n", env);
+      std::exit(2);
+    }
+    value = v;
+  }
   std::printf("[seed] %s: %llu\n", test_name, static_cast<unsigned long long>(value));
   return value;
 }
