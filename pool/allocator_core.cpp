@@ -1304,6 +1304,12 @@ struct stream_cache {
   // gave the closed one's handle); a steal waits for it instead of synchronising the
   // device. Here, on the line of `stream` and the lock's words, which every free reads.
   bool closed = false;
+  // A released capture pool's cache (closed since finish_release, no fence: the device
+  // was idle then) whose `stream`, the last capture's, may still live: a block of it
+  // still allocated then and freed later is ordered on that stream's work (a named free
+  // on any stream, an unnamed one on `stream`), which the missing fence does not cover.
+  // Cleared, with a fence, when that stream is destroyed (stream_closing).
+  bool released = false;
   cache_mutex mu;
   std::array<free_index, 2> pools;           // free linked blocks: [0] large, [1] small
   small_free_index small;                    // free blocks of dense small segments
@@ -1629,6 +1635,11 @@ struct allocator_core::impl {
   ~impl()
   {
     stream_registry::unwatch(&closing_watch);  // first: no closing runs on what follows
+    // Destroyed during a capture (the caller's capture goes on without it): its captures no
+    // longer count, or every allocator of the backend would act as in one for good.
+    for (const capture_state& p : pools) {
+      if (p.capturing) captures().fetch_sub(1);
+    }
     // The device's work first: pending blocks' streams, and the streams whose freed blocks
     // are free at once, may still use memory that goes back below (cudaFree would wait;
     // unmapping expandable pages would not). Then nothing waits any more (finish_uses).
@@ -2745,6 +2756,7 @@ struct allocator_core::impl {
   {
     if (d.kind != streams_of.kind || (streams_of.index >= 0 && d.index != streams_of.index)) return;
     forget_uses(s);
+    fence_released(s);
     stream_cache* c = nullptr;
     {
       std::shared_lock r{registry_mu};
@@ -2844,6 +2856,30 @@ struct allocator_core::impl {
     for (stream_cache* c : rest) {
       f(*c);
       c->mu.unlock();
+    }
+  }
+
+  // stream_closing(s): a released capture pool's cache ordered on s (released) becomes a
+  // destroyed stream's, with a fence at s's last work.
+  void fence_released(native_stream s) noexcept
+  {
+    std::shared_lock r{registry_mu};
+    for (auto& c : caches) {
+      if (!c->released) continue;  // (set and cleared under registry_mu's unique lock or here)
+      cache_lock g{figures, *c};
+      if (!c->released || c->stream != s) continue;
+      native_event e = nullptr;
+      try {
+        if (async) e = up->record_event(s);
+      } catch (...) {  // the stream refused it: order by the device's work instead
+        try {
+          if (!capturing()) up->synchronize_device();
+        } catch (...) {
+        }
+      }
+      if (c->fence != nullptr) up->destroy_event(c->fence);
+      c->fence = e;
+      c->released = false;
     }
   }
 
@@ -3004,6 +3040,8 @@ struct allocator_core::impl {
     cache_lock g{figures, c};
     c.capture_pool = 0;
     c.closed = true;  // (its fence: none, the device's work is done)
+    // (a destroyed stream's work is done; a raw handle's ordering stays the caller's)
+    c.released = built_in(c.stream) || stream_registry::live(streams_of.kind, c.stream);
   }
 
   struct closing_watcher final : stream_registry::watcher {
@@ -3468,7 +3506,7 @@ struct allocator_core::impl {
                                           bool stream_given, std::size_t expected) noexcept
   {
     stream_cache& c = lock.cache();
-    if (tracing.load(std::memory_order_relaxed) || (stream_given && stream != c.stream)) return false;
+    if (tracing.load(std::memory_order_relaxed) || c.closed || (stream_given && stream != c.stream)) return false;
     if (b.large == nullptr) {
       const unit_entry& e = b.seg->units[b.unit];
       // flags exactly `head`: no other stream recorded (has_uses)
@@ -3866,12 +3904,18 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
     m.record(e);
   }
   std::vector<native_stream>* uses = impl::uses_of(c, b, false);
-  if (stream_given && stream != c.stream &&
-      (uses == nullptr || std::find(uses->begin(), uses->end(), stream) == uses->end())) {
+  // The stream whose work so far the free is ordered after, when the cache's own order
+  // does not hold it: a named stream other than the cache's; in a released capture pool's
+  // cache (closed with no fence, its stream still live) its stream too, named or not. (In
+  // a destroyed stream's cache a free on the dead handle, or unnamed, is before the fence.)
+  const bool named_apart = stream_given && (stream != c.stream || c.released);
+  const native_stream order = stream_given ? stream : c.stream;
+  if ((named_apart || (!stream_given && c.released)) &&
+      (uses == nullptr || std::find(uses->begin(), uses->end(), order) == uses->end())) {
     try {
       m.uses_listed.store(true, std::memory_order_relaxed);
       uses = impl::uses_of(c, b, true);
-      uses->push_back(stream);
+      uses->push_back(order);
     } catch (...) {  // out of host memory: order by the device instead, below
       if (m.capturing()) {  // (which a capture forbids): refused, nothing changed
         put_back();

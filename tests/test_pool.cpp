@@ -2783,16 +2783,28 @@ TEST_CASE("pool: stream ordering holds under 6 000 random operations on four str
           " device synchronisations, ", dev->stream_waits, " stream waits, ", closings, " streams destroyed, ",
           dev->frees, " segments freed, ", dev->unmaps, " pages unmapped, ", bad_frees, " bad frees refused, ",
           ooms, " out_of_memory (", dev->refusals, " refusals by the device)");
-  CHECK(reuses_waited > 0);
-  CHECK(dev->recorded > 0);
-  CHECK(closings > 0);
-  CHECK(captures > 0);
-  CHECK(closed_in_capture > 0);
-  CHECK((ooms > 0) == (v.capacity != std::numeric_limits<std::size_t>::max()));
+  // What the fixed seed reaches (another seed, DEPOT_TEST_SEED, may miss one by chance:
+  // said, not failed).
+  const bool fixed_seed = std::getenv("DEPOT_TEST_SEED") == nullptr;
+  const auto reached = [fixed_seed](bool r, const char* what) {
+    if (fixed_seed) {
+      CHECK_MESSAGE(r, what);
+    } else {
+      WARN_MESSAGE(r, what);
+    }
+  };
+  reached(reuses_waited > 0, "freed bytes reused");
+  reached(dev->recorded > 0, "events recorded");
+  reached(closings > 0, "streams destroyed");
+  reached(captures > 0, "graph captures");
+  reached(closed_in_capture > 0, "a stream destroyed during a capture");
+  CHECK((ooms == 0 || v.capacity != std::numeric_limits<std::size_t>::max()));
+  reached((ooms > 0) == (v.capacity != std::numeric_limits<std::size_t>::max()), "out_of_memory on the small device");
   // Half the live blocks freed, with their streams' work still queued; empty_cache gives
   // back only what no stream may still use (finish_uses waits for the rest), then the
   // allocator goes with blocks live and work queued: nothing is unmapped under them.
-  for (const std::size_t keep = order.size() / 2; order.size() > keep;) {
+  const bool any_live = !order.empty();
+  for (const std::size_t keep = (order.size() + 1) / 2; order.size() > keep;) {
     const std::uintptr_t p = order.back();
     order.pop_back();
     const live_block b = live.at(p);
@@ -2804,7 +2816,7 @@ TEST_CASE("pool: stream ordering holds under 6 000 random operations on four str
   a->empty_cache();
   REQUIRE_FALSE(unmapped_in_use);
   check_invariants(a->stats(), a->snapshot());
-  CHECK_FALSE(live.empty());
+  CHECK(live.empty() == !any_live);
   for (const auto& [p, b] : live) {  // the allocator's destruction frees them, work still queued
     freed.push_back({p, b.bytes, last_uses(b), "live when the allocator went"});
   }
@@ -2892,6 +2904,73 @@ TEST_CASE_TEMPLATE("pool: a stream destroyed while a live block lists it is wait
   MESSAGE("an unlisted stream's destruction took ", ms3, " ms (not asserted: under compute-sanitizer every stream "
           "destruction waits)");
   check_invariants(a);
+}
+
+// A block a capture allocated, still live when its pool was released (the pool's cache is
+// then closed, its memory any stream's), freed after on the capture's stream (named, or
+// unnamed: ordered on its allocation's stream), which is live: the free waits for that
+// stream's work (an event), where it was free at once and another stream could take it
+// while that work still ran (found by the stream-ordering fuzz with DEPOT_TEST_SEED=1).
+TEST_CASE("pool: a released capture pool's block freed later on a live stream waits for that stream")
+{
+  const std::size_t n = each_block_kind();
+  bool named = true;
+  SUBCASE("freed on the capture's stream") {}
+  SUBCASE("freed unnamed") { named = false; }
+  CAPTURE(n);
+  CAPTURE(named);
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a = async_core(ev);
+  const auto s1 = fake_stream(0x1000);  // the capture's, registered: known live
+  const auto s2 = fake_stream(0x2000);
+  const depot::device_id dev = ev->streams;
+  depot::stream_registry::opened(dev, s1);
+  const std::uint64_t pool = a.begin_capture(s1, 0);
+  ev->capture = true;
+  void* x = a.allocate(n, s1);
+  ev->capture = false;
+  a.end_capture(s1);
+  a.release_capture_pool(pool);  // the device's work done: x's pool memory is any stream's
+  const int recorded = ev->recorded;
+  if (named) {
+    a.deallocate(x, s1, true, 0);
+  } else {
+    a.deallocate(x, nullptr, false, 0);
+  }
+  CHECK(ev->recorded == recorded + 1);  // an event on s1
+  CHECK(ev->last_record_stream == 0x1000);
+  CHECK(pending_in(a) == 1);
+  void* y = a.allocate(n, s2);  // not x's bytes while s1's work may use them
+  CHECK(y != x);
+  ev->open.clear();
+  a.deallocate(y, s2, true, 0);
+  a.empty_cache();  // the event completed: x's block back, every segment released
+  CHECK(pending_in(a) == 0);
+  const depot::memory_stats st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.reserved_bytes.all.current == 0);
+  check_invariants(st, a.snapshot());
+  depot::stream_registry::closing(dev, s1);
+}
+
+// An allocator destroyed during a capture: the process's count of captures under way on
+// the backend drops, or every other allocator of the backend would refuse to release
+// memory, query events or steal, for good (found by the fuzz: after a failed variant
+// left a capture open, every later one saw a capture under way).
+TEST_CASE("pool: an allocator destroyed during a graph capture no longer counts as capturing")
+{
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  auto other_ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core other = async_core(other_ev);
+  {
+    depot::detail::allocator_core a = async_core(ev);
+    (void)a.begin_capture(fake_stream(0x1000), 0);
+    void* p = other.allocate(4 * MiB, fake_stream(0x2000));
+    other.deallocate(p, fake_stream(0x2000), true, 0);
+    CHECK_THROWS_AS(other.empty_cache(), depot::invalid_argument);  // a capture is under way (a's)
+  }
+  other.empty_cache();  // a's capture went with it
+  CHECK(other.stats().reserved_bytes.all.current == 0);
 }
 
 // A stream that blocks list (record_stream) destroyed during a graph capture, which forbids
