@@ -2766,17 +2766,35 @@ struct allocator_core::impl {
     }
     cache_lock g{figures, *c};
     if (c->closed) return;  // closed before, and nothing ran here since: its fence stands
-    native_event e = nullptr;
+    c->fence = record_fence(s);  // (reopen() consumed any earlier one)
+    c->closed = true;
+  }
+
+  // An event at the last work of stream s, about to be destroyed (null where the backend is
+  // synchronous, or s refused it: then the device's work is finished instead, outside a
+  // capture, so nothing is left to wait for).
+  native_event record_fence(native_stream s) noexcept
+  {
+    if (!async) return nullptr;  // (synchronous: the stream's work is done)
     try {
-      if (async) e = up->record_event(s);  // (synchronous: the stream's work is done)
-    } catch (...) {  // order by the device's work instead: nothing is left to wait for
+      return up->record_event(s);
+    } catch (...) {
       try {
         if (!capturing()) up->synchronize_device();
       } catch (...) {
       }
+      return nullptr;
     }
-    c->fence = e;  // (reopen() consumed any earlier one)
-    c->closed = true;
+  }
+
+  // The host waits for `fence` (record_fence's), or for the device's work where it is null.
+  void wait_fence(native_event fence)
+  {
+    if (fence != nullptr) {
+      up->wait_event(fence);
+    } else {
+      up->synchronize_device();
+    }
   }
 
   // stream_registry: `s` is about to be destroyed while live blocks may list it among the
@@ -2868,17 +2886,8 @@ struct allocator_core::impl {
       if (!c->released) continue;  // (set and cleared under registry_mu's unique lock or here)
       cache_lock g{figures, *c};
       if (!c->released || c->stream != s) continue;
-      native_event e = nullptr;
-      try {
-        if (async) e = up->record_event(s);
-      } catch (...) {  // the stream refused it: order by the device's work instead
-        try {
-          if (!capturing()) up->synchronize_device();
-        } catch (...) {
-        }
-      }
       if (c->fence != nullptr) up->destroy_event(c->fence);
-      c->fence = e;
+      c->fence = record_fence(s);
       c->released = false;
     }
   }
@@ -2886,11 +2895,9 @@ struct allocator_core::impl {
   // forget_uses() during a capture: s's place in the lists goes to a marker, with a fence.
   void close_in_capture(native_stream s) noexcept
   {
-    native_event fence = nullptr;
-    try {
-      fence = up->record_event(s);  // (on a stream no capture holds: allowed, BENCHMARKS.md)
-    } catch (...) {  // the stream refused it: the capture's end finishes the device's work
-    }
+    // (on a stream no capture holds: allowed, BENCHMARKS.md; refused: the capture's end
+    // finishes the device's work)
+    const native_event fence = record_fence(s);
     native_stream marker = nullptr;
     try {
       const std::lock_guard g{closed_mu};
@@ -2916,12 +2923,7 @@ struct allocator_core::impl {
   {
     const std::lock_guard g{closed_mu};
     const auto it = closed_fences.find(marker);
-    if (it == closed_fences.end()) return;  // (forgotten: already waited for)
-    if (it->second != nullptr) {
-      up->wait_event(it->second);
-    } else {
-      up->synchronize_device();
-    }
+    if (it != closed_fences.end()) wait_fence(it->second);  // (else forgotten: already waited for)
   }
 
   // The frees deferred in c whose stream `done(s)` says finished: one wait each settled.
@@ -2958,15 +2960,7 @@ struct allocator_core::impl {
     }
     if (!closed.empty()) {
       if (capturing()) return;  // another capture began: its end does this
-      for (const auto& [marker, fence] : closed) {
-        or_finish_device([&] {
-          if (fence != nullptr) {
-            up->wait_event(fence);
-          } else {
-            up->synchronize_device();
-          }
-        });
-      }
+      for (const auto& [marker, fence] : closed) or_finish_device([&] { wait_fence(fence); });
       const auto waited = [&](native_stream u) {
         return is_marker(u) && std::any_of(closed.begin(), closed.end(), [u](const auto& x) { return x.first == u; });
       };
@@ -3908,9 +3902,8 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
   // does not hold it: a named stream other than the cache's; in a released capture pool's
   // cache (closed with no fence, its stream still live) its stream too, named or not. (In
   // a destroyed stream's cache a free on the dead handle, or unnamed, is before the fence.)
-  const bool named_apart = stream_given && (stream != c.stream || c.released);
   const native_stream order = stream_given ? stream : c.stream;
-  if ((named_apart || (!stream_given && c.released)) &&
+  if (((stream_given && stream != c.stream) || c.released) &&
       (uses == nullptr || std::find(uses->begin(), uses->end(), order) == uses->end())) {
     try {
       m.uses_listed.store(true, std::memory_order_relaxed);
