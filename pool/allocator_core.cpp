@@ -1309,7 +1309,9 @@ struct stream_cache {
   // still allocated then and freed later is ordered on that stream's work (a named free
   // on any stream, an unnamed one on `stream`), which the missing fence does not cover.
   // Cleared, with a fence, when that stream is destroyed (stream_closing).
-  bool released = false;
+  // Atomic: stream_closing reads it without the lock first (fence_released), so that a
+  // destruction need not lock every cache; written under the lock.
+  std::atomic<bool> released{false};
   cache_mutex mu;
   std::array<free_index, 2> pools;           // free linked blocks: [0] large, [1] small
   small_free_index small;                    // free blocks of dense small segments
@@ -2883,7 +2885,7 @@ struct allocator_core::impl {
   {
     std::shared_lock r{registry_mu};
     for (auto& c : caches) {
-      if (!c->released) continue;  // (set and cleared under registry_mu's unique lock or here)
+      if (!c->released.load(std::memory_order_relaxed)) continue;  // (written under c's lock)
       cache_lock g{figures, *c};
       if (!c->released || c->stream != s) continue;
       if (c->fence != nullptr) up->destroy_event(c->fence);
