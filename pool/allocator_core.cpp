@@ -2885,12 +2885,55 @@ struct allocator_core::impl {
   {
     std::shared_lock r{registry_mu};
     for (auto& c : caches) {
-      if (!c->released.load(std::memory_order_relaxed)) continue;  // (written under c's lock)
+      // (released is written under c's lock, so read first without it; capture_pool under registry_mu's unique lock)
+      if (!c->released.load(std::memory_order_relaxed) && c->capture_pool == 0) continue;
       cache_lock g{figures, *c};
-      if (!c->released || c->stream != s) continue;
+      if ((!c->released && c->capture_pool == 0) || c->stream != s) continue;
+      if (c->capture_pool != 0 && by_stream.count(s) != 0 && by_stream.at(s) == c.get()) continue;  // (capturing on s)
       if (c->fence != nullptr) up->destroy_event(c->fence);
       c->fence = record_fence(s);
       c->released = false;
+    }
+  }
+
+  // A held pool's cache c is taken up by a capture on stream `to` (caller holds c's lock):
+  // its blocks were ordered on c.stream. `to` waits for that stream's work so far (its
+  // fence, if it was destroyed), so the free blocks are `to`'s from now on; a live block
+  // lists that stream (as record_stream would) while it lives, so its free waits for the
+  // work it does on the block later.
+  void hand_pool_over(stream_cache& c, native_stream to) noexcept
+  {
+    const native_stream from = c.stream;
+    if (!async) return;
+    if (c.fence != nullptr) {
+      or_finish_device([&] { up->stream_wait(to, c.fence); });
+      up->destroy_event(std::exchange(c.fence, nullptr));
+      return;  // (destroyed: no later work)
+    }
+    const bool lives = built_in(from) || stream_registry::live(streams_of.kind, from);
+    if (!lives) {
+      if (!capturing()) or_finish_device([&] { up->synchronize_device(); });
+      return;
+    }
+    or_finish_device([&] { follow_stream(from, [&](native_event e) { up->stream_wait(to, e); }); });
+    try {
+      uses_listed.store(true, std::memory_order_relaxed);
+      const auto list = [&](const block_ref& r) {
+        std::vector<native_stream>* u = uses_of(c, r, true);
+        if (std::find(u->begin(), u->end(), from) == u->end()) u->push_back(from);
+      };
+      for (segment* sg = c.segments; sg != nullptr; sg = sg->lnext) {
+        for (block* b = sg->head; b != nullptr; b = b->next) {
+          if (b->state == block_state::allocated) list({b, nullptr, 0});
+        }
+      }
+      for (const auto& [addr, sm] : c.small_dir) {
+        for (unsigned u = 0; u < k_seg_units; u += sm->units[u].size) {
+          if (!sm->free_at(u) && sm->units[u].state == block_state::allocated) list({nullptr, sm, u});
+        }
+      }
+    } catch (...) {  // out of host memory: order by the device's work instead
+      if (!capturing()) or_finish_device([&] { up->synchronize_device(); });
     }
   }
 
@@ -3905,7 +3948,12 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
   // cache (closed with no fence, its stream still live) its stream too, named or not. (In
   // a destroyed stream's cache a free on the dead handle, or unnamed, is before the fence.)
   const native_stream order = stream_given ? stream : c.stream;
-  if (((stream_given && stream != c.stream) || c.released) &&
+  // A named free into a closed cache on a live stream is ordered on it too: a released
+  // pool's cache is in no stream's place, so no reopen orders it.
+  const bool named_apart =
+      stream_given && (stream != c.stream ||
+                       (c.closed && (built_in(stream) || stream_registry::live(m.streams_of.kind, stream))));
+  if ((named_apart || c.released) &&
       (uses == nullptr || std::find(uses->begin(), uses->end(), order) == uses->end())) {
     try {
       m.uses_listed.store(true, std::memory_order_relaxed);
@@ -4041,6 +4089,7 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
     }
     {
       const cache_lock g{m.figures, *st->cache};  // (frees of its blocks read its stream)
+      if (!created && st->cache->stream != stream) m.hand_pool_over(*st->cache, stream);
       st->cache->stream = stream;
     }
     if (!created) ++st->users;  // an existing pool: one more use

@@ -2508,9 +2508,15 @@ ordering_variant pick_ordering_variant()
 TEST_CASE("pool: stream ordering holds under 6 000 random operations on four streams (a modelled device)")
 {
   using up = modelled_device_upstream;
+  // Two seeds: the first reaches every path the checks at the end name; the second is one
+  // that found a capture pool taken up by a capture on another stream (2026-12-01).
+  std::uint64_t fixed = 0x5712EA;
+  SUBCASE("seed 0x5712EA") {}
+  SUBCASE("seed 2") { fixed = 2; }
+  const bool first_seed = fixed == 0x5712EA;
   const ordering_variant v = pick_ordering_variant();
   CAPTURE(v.name);
-  std::mt19937_64 rng{depot::test::seed("pool stream ordering fuzz", 0x5712EA)};
+  std::mt19937_64 rng{depot::test::seed("pool stream ordering fuzz", fixed)};
   auto dev = std::make_shared<up::state>();
   dev->expandable = v.expandable;
   dev->capacity = v.capacity;
@@ -2783,9 +2789,9 @@ TEST_CASE("pool: stream ordering holds under 6 000 random operations on four str
           " device synchronisations, ", dev->stream_waits, " stream waits, ", closings, " streams destroyed, ",
           dev->frees, " segments freed, ", dev->unmaps, " pages unmapped, ", bad_frees, " bad frees refused, ",
           ooms, " out_of_memory (", dev->refusals, " refusals by the device)");
-  // What the fixed seed reaches (another seed, DEPOT_TEST_SEED, may miss one by chance:
-  // said, not failed).
-  const bool fixed_seed = std::getenv("DEPOT_TEST_SEED") == nullptr;
+  // What the first fixed seed reaches (another seed, DEPOT_TEST_SEED, may miss one by
+  // chance: said, not failed).
+  const bool fixed_seed = first_seed && std::getenv("DEPOT_TEST_SEED") == nullptr;
   const auto reached = [fixed_seed](bool r, const char* what) {
     if (fixed_seed) {
       CHECK_MESSAGE(r, what);
