@@ -2654,6 +2654,8 @@ struct allocator_core::impl {
   // Whether a handle names a stream that is never destroyed: the default (legacy) stream,
   // and CUDA's and HIP's per-thread default streams (cudaStreamLegacy, *PerThread).
   static bool built_in(native_stream s) noexcept { return reinterpret_cast<std::uintptr_t>(s) <= 2; }
+  // Whether work may still be queued on s: a built-in stream, or one stream_registry lists.
+  bool stream_lives(native_stream s) const noexcept { return built_in(s) || stream_registry::live(streams_of.kind, s); }
 
   // Makes `wait(event)` (a stream's wait or the host's) follow the last uses of the free
   // memory that cache c holds (caller holds c's lock). c's fence once it was closed (nothing
@@ -2669,7 +2671,7 @@ struct allocator_core::impl {
       if (c.fence != nullptr) wait(c.fence);
       return;
     }
-    if (!built_in(c.stream) && !stream_registry::live(streams_of.kind, c.stream)) {
+    if (!stream_lives(c.stream)) {
       up->synchronize_device();
       return;
     }
@@ -2781,11 +2783,19 @@ struct allocator_core::impl {
     try {
       return up->record_event(s);
     } catch (...) {
-      try {
-        if (!capturing()) up->synchronize_device();
-      } catch (...) {
-      }
+      finish_device_outside_capture();
       return nullptr;
+    }
+  }
+
+  // The device's work finished, for the paths that order memory by it when an event fails
+  // (never during a capture, which forbids it; a failure leaves nothing running on it).
+  void finish_device_outside_capture() noexcept
+  {
+    if (capturing()) return;
+    try {
+      up->synchronize_device();
+    } catch (...) {
     }
   }
 
@@ -2889,7 +2899,9 @@ struct allocator_core::impl {
       if (!c->released.load(std::memory_order_relaxed) && c->capture_pool == 0) continue;
       cache_lock g{figures, *c};
       if ((!c->released && c->capture_pool == 0) || c->stream != s) continue;
-      if (c->capture_pool != 0 && by_stream.count(s) != 0 && by_stream.at(s) == c.get()) continue;  // (capturing on s)
+      if (const auto it = by_stream.find(s); c->capture_pool != 0 && it != by_stream.end() && it->second == c.get()) {
+        continue;  // (capturing on s)
+      }
       if (c->fence != nullptr) up->destroy_event(c->fence);
       c->fence = record_fence(s);
       c->released = false;
@@ -2903,16 +2915,15 @@ struct allocator_core::impl {
   // work it does on the block later.
   void hand_pool_over(stream_cache& c, native_stream to) noexcept
   {
-    const native_stream from = c.stream;
     if (!async) return;
     if (c.fence != nullptr) {
       or_finish_device([&] { up->stream_wait(to, c.fence); });
       up->destroy_event(std::exchange(c.fence, nullptr));
       return;  // (destroyed: no later work)
     }
-    const bool lives = built_in(from) || stream_registry::live(streams_of.kind, from);
-    if (!lives) {
-      if (!capturing()) or_finish_device([&] { up->synchronize_device(); });
+    const native_stream from = c.stream;
+    if (!stream_lives(from)) {
+      finish_device_outside_capture();
       return;
     }
     or_finish_device([&] { follow_stream(from, [&](native_event e) { up->stream_wait(to, e); }); });
@@ -2933,7 +2944,7 @@ struct allocator_core::impl {
         }
       }
     } catch (...) {  // out of host memory: order by the device's work instead
-      if (!capturing()) or_finish_device([&] { up->synchronize_device(); });
+      finish_device_outside_capture();
     }
   }
 
@@ -3080,7 +3091,7 @@ struct allocator_core::impl {
     c.capture_pool = 0;
     c.closed = true;  // (its fence: none, the device's work is done)
     // (a destroyed stream's work is done; a raw handle's ordering stays the caller's)
-    c.released = built_in(c.stream) || stream_registry::live(streams_of.kind, c.stream);
+    c.released = stream_lives(c.stream);
   }
 
   struct closing_watcher final : stream_registry::watcher {
@@ -3952,7 +3963,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
   // pool's cache is in no stream's place, so no reopen orders it.
   const bool named_apart =
       stream_given && (stream != c.stream ||
-                       (c.closed && (built_in(stream) || stream_registry::live(m.streams_of.kind, stream))));
+                       (c.closed && m.stream_lives(stream)));
   if ((named_apart || c.released) &&
       (uses == nullptr || std::find(uses->begin(), uses->end(), order) == uses->end())) {
     try {
