@@ -1962,19 +1962,23 @@ struct allocator_core::impl {
 
   // ---- the large pool: linked block records ------------------------------------------------
 
-  // Index a free block (caller holds c.mu).
-  [[gnu::always_inline]] void index(stream_cache& c, block* b) noexcept
+  // Index a free block (caller holds c.mu). The hot paths pass the block's pool
+  // (b->small) as a constant, after one branch on it (take_free, free_simple), so every
+  // pool-dependent cell, bit and index folds to a constant.
+  [[gnu::always_inline]] void index(stream_cache& c, block* b) noexcept { index(c, b, b->small); }
+  [[gnu::always_inline]] void index(stream_cache& c, block* b, bool small) noexcept
   {
     b->state = block_state::free;
     b->counted_split = !b->whole();
-    c.delta->add_split_if(b->counted_split, b->small, b->size);
-    c.pools[b->small ? 1 : 0].insert(b);
+    c.delta->add_split_if(b->counted_split, small, b->size);
+    c.pools[small ? 1 : 0].insert(b);
   }
 
-  [[gnu::always_inline]] void unindex(stream_cache& c, block* b) noexcept
+  [[gnu::always_inline]] void unindex(stream_cache& c, block* b) noexcept { unindex(c, b, b->small); }
+  [[gnu::always_inline]] void unindex(stream_cache& c, block* b, bool small) noexcept
   {
-    c.pools[b->small ? 1 : 0].remove(b);
-    c.delta->sub_split_if(b->counted_split, b->small, b->size);
+    c.pools[small ? 1 : 0].remove(b);
+    c.delta->sub_split_if(b->counted_split, small, b->size);
     b->counted_split = false;
   }
 
@@ -1986,15 +1990,15 @@ struct allocator_core::impl {
   }
 
   // Cuts `b` (not indexed) to `size` when the rest is worth keeping as a free block.
-  [[gnu::always_inline]] void split(stream_cache& c, block* b, std::size_t size)
+  [[gnu::always_inline]] void split(stream_cache& c, block* b, std::size_t size, bool small)
   {
     const std::size_t rest = b->size - size;
-    const bool worth = b->small ? rest >= k_align
-                                : rest > k_small_request && (b->size < cfg.max_split_size || b->seg->reserved != 0);
+    const bool worth = small ? rest >= k_align
+                             : rest > k_small_request && (b->size < cfg.max_split_size || b->seg->reserved != 0);
     if (!worth) return;
     block* r = link_after(c, b, b->addr + size, rest);
     b->size = size;
-    index(c, r);
+    index(c, r, small);
   }
 
   // A new block record for [addr, addr + size) of b's segment and pool, linked right after
@@ -2016,21 +2020,30 @@ struct allocator_core::impl {
   // Hands out `b` (not indexed) for a request of `bytes` (caller holds c.mu).
   [[gnu::always_inline]] void hand_out(stream_cache& c, block* b, std::size_t size, std::size_t bytes)
   {
-    split(c, b, size);
+    hand_out(c, b, size, bytes, b->small);
+  }
+  [[gnu::always_inline]] void hand_out(stream_cache& c, block* b, std::size_t size, std::size_t bytes, bool small)
+  {
+    split(c, b, size, small);
     b->state = block_state::allocated;
     b->requested = bytes;
     b->timed = tracing.load(std::memory_order_relaxed);
     if (b->timed) b->t_alloc = now_ns();
     c.live.insert(b->addr, b);  // may throw (growth) before anything is counted
-    c.delta->count_allocation(b->small, b->size, bytes);
+    c.delta->count_allocation(small, b->size, bytes);
   }
 
-  block* take_free(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
+  [[gnu::always_inline]] block* take_free(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
   {
-    block* b = c.pools[small ? 1 : 0].find(size);
-    if (b == nullptr || (!small && oversize(b, size))) return nullptr;
-    unindex(c, b);
-    hand_out(c, b, size, bytes);
+    return small ? take_free_in<true>(c, size, bytes) : take_free_in<false>(c, size, bytes);
+  }
+  template <bool Small>
+  [[gnu::noinline]] block* take_free_in(stream_cache& c, std::size_t size, std::size_t bytes)
+  {
+    block* b = c.pools[Small ? 1 : 0].find(size);
+    if (b == nullptr || (!Small && oversize(b, size))) return nullptr;
+    unindex(c, b, Small);
+    hand_out(c, b, size, bytes, Small);
     return b;
   }
 
@@ -2058,9 +2071,10 @@ struct allocator_core::impl {
   }
 
   // Back to the cache: merge with free neighbours, index (caller holds c.mu).
-  [[gnu::always_inline]] void release_block(stream_cache& c, block* b)
+  [[gnu::always_inline]] void release_block(stream_cache& c, block* b) { release_block(c, b, b->small); }
+  [[gnu::always_inline]] void release_block(stream_cache& c, block* b, bool small)
   {
-    c.delta->sub_active(b->small, b->size);
+    c.delta->sub_active(small, b->size);
     b->requested = 0;
     if (b->has_uses) {
       b->uses.clear();
@@ -2068,15 +2082,15 @@ struct allocator_core::impl {
       c.listed.erase(b);
     }
     if (block* p = b->prev; p != nullptr && p->state == block_state::free) {
-      unindex(c, p);
+      unindex(c, p, small);  // (a segment's blocks are all of its pool)
       absorb_next(c, p);
       b = p;
     }
     if (block* n = b->next; n != nullptr && n->state == block_state::free) {
-      unindex(c, n);
+      unindex(c, n, small);
       absorb_next(c, b);
     }
-    index(c, b);
+    index(c, b, small);
     if (!c.holes.empty()) [[unlikely]] holes_beside(c, b);
     if (over_release_threshold(c)) [[unlikely]] {
       if (releasable(*b->seg)) {
@@ -3566,8 +3580,13 @@ struct allocator_core::impl {
     } else {
       block* k = b.large;
       if (k->has_uses || (expected != 0 && expected != k->requested)) return false;
-      c.delta->count_free(k->small, k->size, k->requested);
-      release_block(c, k);
+      if (k->small) {  // (the pool as a constant: see index)
+        c.delta->count_free(true, k->size, k->requested);
+        release_block(c, k, true);
+      } else {
+        c.delta->count_free(false, k->size, k->requested);
+        release_block(c, k, false);
+      }
     }
     lock.unlock();
     return true;
