@@ -1949,7 +1949,7 @@ struct allocator_core::impl {
   // k_block_chunk records, where one per record cost ~180 instructions at every split of a
   // new stream's cache, e.g. a benchmark repetition's). May throw std::bad_alloc, changing
   // nothing.
-  static block* new_block(stream_cache& c)
+  [[gnu::always_inline]] static block* new_block(stream_cache& c)
   {
     if (c.spare == nullptr) [[unlikely]] {
       c.add_block_chunk();
