@@ -447,6 +447,7 @@ struct unit_entry {
   std::uint8_t flags = 0;
   std::uint16_t pending = 0;      // events outstanding before reuse
   std::uint32_t requested = 0;    // allocated: bytes asked for; free: previous link in its list
+                                  // (not kept at a list's head, so taking the head writes no other entry)
   std::uint32_t fnext = k_nil;    // free: next link in its list
 };
 static_assert(sizeof(unit_entry) == 16);
@@ -585,7 +586,6 @@ class small_free_index {
   void insert(std::uint32_t link, unit_entry& e) noexcept
   {
     const unsigned i = e.size - 1U;
-    e.requested = k_nil;
     e.fnext = heads_[i];
     if (e.fnext != k_nil) table_->entry(e.fnext).requested = link;
     heads_[i] = link;
@@ -594,15 +594,16 @@ class small_free_index {
     bytes_ += unit_bytes(e.size);
   }
 
-  void remove(unit_entry& e) noexcept
+  // A list's head keeps no previous link: taking it (the best fit) writes only the heads.
+  void remove(std::uint32_t link, unit_entry& e) noexcept
   {
     const unsigned i = e.size - 1U;
-    if (e.requested != k_nil) {
-      table_->entry(e.requested).fnext = e.fnext;
-    } else {
+    if (heads_[i] == link) {
       heads_[i] = e.fnext;
+    } else {
+      table_->entry(e.requested).fnext = e.fnext;
+      if (e.fnext != k_nil) table_->entry(e.fnext).requested = e.requested;
     }
-    if (e.fnext != k_nil) table_->entry(e.fnext).requested = e.requested;
     if (heads_[i] == k_nil) {
       words_[i >> 6] &= ~(std::uint64_t{1} << (i & 63U));
       if (words_[i >> 6] == 0) top_ &= ~(std::uint64_t{1} << (i >> 6));
@@ -2437,7 +2438,7 @@ struct allocator_core::impl {
   [[gnu::noinline]] void small_unindex(stream_cache& c, small_segment& s, unsigned u) noexcept
   {
     unit_entry& e = s.units[u];
-    c.small.remove(e);
+    c.small.remove(link_of(s, u), e);
     s.mark_taken(u);
     if ((e.flags & unit_entry::split) != 0) c.delta->sub_split(true, unit_bytes(e.size));
     e.flags = unit_entry::head;
