@@ -50,10 +50,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -4773,6 +4775,158 @@ TEST_CASE_TEMPLATE("pool: four threads on one stream, and a reader of the statis
   CHECK(st.num_allocations.all.allocated == st.num_allocations.all.freed);
   CHECK(st.allocated_bytes.all.peak > 0);
   check_invariants(a);
+}
+
+// A fuzz on four threads, each on a stream of its own: allocations of every pool filled with
+// their id, frees checked against it, blocks handed to other threads and freed there (a free
+// on another stream than the allocation's), record_stream onto other threads' streams,
+// short-lived streams that list live blocks when destroyed, and empty_cache, while the main
+// thread reads the statistics. After every round the threads stop and the main thread checks
+// that the figures are exact (requested bytes and live blocks equal what the threads hold),
+// that the snapshot shows every live block with its requested size and nothing else
+// allocated, and that snapshot and statistics agree.
+TEST_CASE_TEMPLATE("pool: a fuzz on four threads, checked exactly between rounds", D, DEPOT_TEST_DEVICES)
+{
+  depot::allocator_config cfg = quiet_config<D>();
+  SUBCASE("the default batch") {}
+  SUBCASE("statistics published at every operation") { cfg.stats_batch = 0; }
+  depot::caching_allocator<D> a{0, cfg};
+  constexpr int k_threads = 4, k_rounds = 12, k_ops = 250;
+  const auto seed = depot::test::seed("pool four-thread fuzz", 0x4F0);
+  std::vector<depot::stream<D>> streams(k_threads);
+  struct held {
+    void* p;
+    std::size_t n;
+    unsigned char id;
+  };
+  std::vector<std::vector<held>> mine(k_threads);
+  std::mutex exchange_mu;
+  std::vector<held> exchange;  // handed over by one thread (its stream synchronised), taken by another
+  std::atomic<int> arrived{0}, round{0}, bad_data{0}, bad_stats{0};
+  std::atomic<bool> stop{false};
+  const auto size_of = [](std::mt19937_64& rng) -> std::size_t {
+    const auto r = rng() % 100;
+    if (r < 60) return 1 + rng() % (64 * KiB);               // dense small segments
+    if (r < 90) return 64 * KiB + 1 + rng() % (MiB - 64 * KiB);  // linked small segments
+    return MiB + 1 + rng() % (5 * MiB);                      // the large pool
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < k_threads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng{seed + static_cast<unsigned>(t)};
+      depot::stream<D>& s = streams[static_cast<std::size_t>(t)];
+      std::vector<held>& own = mine[static_cast<std::size_t>(t)];
+      const auto check_and_free = [&](const held& h, depot::stream_ref<D> on) {
+        s.synchronize();
+        if (!check_bytes<D>(h.p, h.n, h.id, rng)) ++bad_data;
+        a.deallocate(h.p, on);
+      };
+      for (int r = 0; r < k_rounds && !stop.load(); ++r) {
+        for (int i = 0; i < k_ops; ++i) {
+          const auto op = rng() % 100;
+          if (own.empty() || (op < 45 && own.size() < 60)) {
+            const std::size_t n = size_of(rng);
+            const auto id = static_cast<unsigned char>(1 + rng() % 250);
+            void* p = a.allocate(n, s);
+            fill_bytes<D>(p, n, id, s);
+            own.push_back({p, n, id});
+          } else if (op < 75) {
+            const std::size_t j = rng() % own.size();
+            check_and_free(own[j], s);  // on this thread's stream: another's when the block was handed over
+            own[j] = own.back();
+            own.pop_back();
+          } else if (op < 85) {
+            const std::size_t j = rng() % own.size();
+            s.synchronize();  // its fill is done before another thread reads it
+            const std::lock_guard g{exchange_mu};
+            exchange.push_back(own[j]);
+            own[j] = own.back();
+            own.pop_back();
+          } else if (op < 93) {
+            const std::lock_guard g{exchange_mu};
+            if (!exchange.empty()) {
+              const std::size_t j = rng() % exchange.size();
+              own.push_back(exchange[j]);
+              exchange[j] = exchange.back();
+              exchange.pop_back();
+            }
+          } else if (op < 97) {
+            const std::size_t other = rng() % k_threads;
+            a.record_stream(own[rng() % own.size()].p, streams[other]);
+          } else if (op < 99) {
+            // A short-lived stream: blocks of its own, and one of this thread's listing it
+            // when it is destroyed.
+            depot::stream<D> tmp;
+            std::vector<held> brief;
+            for (int k = 0; k < 3; ++k) {
+              const std::size_t n = size_of(rng);
+              void* p = a.allocate(n, tmp);
+              fill_bytes<D>(p, n, 0xEE, tmp);
+              brief.push_back({p, n, 0xEE});
+            }
+            a.record_stream(own[rng() % own.size()].p, tmp);
+            tmp.synchronize();
+            for (const held& h : brief) {
+              if (!check_bytes<D>(h.p, h.n, h.id, rng)) ++bad_data;
+              a.deallocate(h.p, tmp);
+            }
+          } else {
+            a.empty_cache();
+          }
+        }
+        s.synchronize();
+        ++arrived;
+        while (round.load() == r && !stop.load()) std::this_thread::yield();
+      }
+      for (const held& h : own) check_and_free(h, s);
+    });
+  }
+  std::exception_ptr failure;
+  for (int r = 0; r < k_rounds && failure == nullptr; ++r) {
+    while (arrived.load() < k_threads) {  // the threads at work: a reader publishing every cache
+      if (!consistent(a.stats())) ++bad_stats;
+    }
+    try {
+      std::map<std::uintptr_t, std::size_t> expect;  // live block: requested bytes
+      for (const auto& v : mine) {
+        for (const held& h : v) expect[reinterpret_cast<std::uintptr_t>(h.p)] = h.n;
+      }
+      for (const held& h : exchange) expect[reinterpret_cast<std::uintptr_t>(h.p)] = h.n;
+      std::int64_t requested = 0;
+      for (const auto& [p, n] : expect) requested += static_cast<std::int64_t>(n);
+      const depot::memory_stats st = a.stats();
+      const depot::allocator_snapshot snap = a.snapshot();
+      INFO("round ", r, ", seed ", seed);
+      REQUIRE(st.requested_bytes.all.current == requested);
+      REQUIRE(st.num_allocations.all.current == static_cast<std::int64_t>(expect.size()));
+      std::map<std::uintptr_t, std::size_t> shown;
+      for (const auto& seg : snap.segments) {
+        for (const auto& b : seg.blocks) {
+          if (b.state == depot::block_state::allocated) shown[b.address] = b.requested;
+        }
+      }
+      REQUIRE(shown == expect);
+      check_invariants(st, snap);
+    } catch (...) {
+      failure = std::current_exception();
+      stop.store(true);
+    }
+    arrived.store(0);
+    round.store(r + 1);
+  }
+  stop.store(true);
+  for (auto& th : threads) th.join();
+  if (failure != nullptr) std::rethrow_exception(failure);
+  for (const held& h : exchange) a.deallocate(h.p);
+  CHECK(bad_data.load() == 0);
+  CHECK(bad_stats.load() == 0);
+  const depot::memory_stats st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.requested_bytes.all.current == 0);
+  CHECK(st.num_allocations.all.allocated == st.num_allocations.all.freed);
+  check_invariants(a);
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
 }
 
 // A cache held through a slow upstream call (pages mapped for an expandable segment, under
