@@ -6378,14 +6378,22 @@ TEST_CASE("pool: a fixed_pool out of blocks on many threads at once asks its han
     return true;
   });
   std::vector<std::thread> threads;
-  std::atomic<int> served{0};
+  std::atomic<int> served{0}, ready{0}, holding{0};
   for (int t = 0; t < k_threads; ++t) {
     threads.emplace_back([&, t] {
+      // All start at once, and a block is held until both are (or 200 us passed: at the end
+      // one thread may run alone), so the pool runs out: on a machine with many cores the
+      // threads had finished one after another (peak 1).
+      ++ready;
+      while (ready.load() < k_threads) std::this_thread::yield();
       for (int r = 0; r < k_rounds; ++r) {
         auto* b = static_cast<int*>(fp.allocate());
         *b = t;
-        std::this_thread::yield();
+        ++holding;
+        const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds{200};
+        while (holding.load() < 2 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
         if (*b == t) served.fetch_add(1);  // no other thread was handed the block meanwhile
+        --holding;
         fp.deallocate(b);
       }
     });
