@@ -792,10 +792,12 @@ struct stat_delta {
   // Whether this delta may change places with `from` (a move: see
   // allocator_core::impl::switch_op): both between operations, nothing due, this one
   // empty (published: every cell 0, no headroom set) and not kept past its batch.
+  // (one test of the fields or'd together: the conditions as a chain of && cost a thread
+  // alternating among four streams ~24 instructions per pair)
   [[nodiscard]] bool can_take(const stat_delta& from) const noexcept
   {
-    return dirty == 0 && op == 0 && (due & ~due_fresh) == 0 && !opened && !overdrawn() && from.op == 0 &&
-           (from.due & (due_now | due_drift)) == 0;
+    return (dirty | op | (due & ~due_fresh) | std::uint32_t{opened} | std::uint32_t{overdrawn()} | from.op |
+            (from.due & (due_now | due_drift))) == 0;
   }
 
   // (shifts, not selects: each small bit is its large bit's next)
@@ -1875,16 +1877,29 @@ struct allocator_core::impl {
     // The thread's other recent streams here, inline, the one found swapped to the front (a
     // call and a shift of up to three entries cost a thread alternating among four streams
     // ~60 instructions per operation; the order of the other three is not kept). All three
-    // are compared, without a branch each: which one matches is the caller's order of
-    // streams, and a loop that stopped at it mispredicted about once per operation there.
+    // streams are compared, without a branch each: which one matches is the caller's order
+    // of streams, and a loop that stopped at it mispredicted about once per operation there.
+    // Then the first match's owner alone (an entry of the same stream for another allocator,
+    // or one from before a capture changed the route, goes the long way: recent_cache).
     static_assert(std::tuple_size_v<decltype(tc.entries)> == 4);
-    const auto at = [&](std::size_t k) {
-      return static_cast<unsigned>(tc.entries[k].owner == r) & static_cast<unsigned>(tc.entries[k].stream == s);
-    };
-    const unsigned found = at(1) | at(2) << 1 | at(3) << 2;
-    if (found == 0) [[unlikely]] return find_cache(s);
-    std::swap(tc.entries[0], tc.entries[static_cast<std::size_t>(std::countr_zero(found)) + 1]);
+    const auto on = [&](std::size_t k) { return static_cast<unsigned>(tc.entries[k].stream == s); };
+    const auto k = static_cast<std::size_t>(std::countr_zero(on(1) | on(2) << 1 | on(3) << 2 | 8U)) + 1;
+    if (k == 4 || tc.entries[k].owner != r) [[unlikely]] return recent_cache(s, r);
+    std::swap(tc.entries[0], tc.entries[k]);
     return *tc.entries[0].cache;
+  }
+  // cache_for() when its first match by stream was not this allocator's: both fields of the
+  // other three entries compared, then the registry (find_cache).
+  [[gnu::noinline]] stream_cache& recent_cache(native_stream s, std::uint64_t r)
+  {
+    thread_caches& tc = tl_caches;
+    for (std::size_t k = 1; k < tc.entries.size(); ++k) {
+      if (tc.entries[k].owner == r && tc.entries[k].stream == s) {
+        std::swap(tc.entries[0], tc.entries[k]);
+        return *tc.entries[0].cache;
+      }
+    }
+    return find_cache(s);
   }
 
   // cache_for() when none of the thread's recent streams here is `s`: the registry (or a new
