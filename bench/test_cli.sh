@@ -21,6 +21,7 @@ assert all(x['gbps']>0 for x in d['results']), d; a=r['suites'][1]; assert a['su
 rows=a['rows']; h=[x for x in rows if x['device']=='host:0']; assert len(h)==6, rows; \
 assert {x['allocator'] for x in h}=={'depot','depot-expandable','malloc'}; assert all(x['us_per_pair']>0 for x in rows), rows; \
 assert all(x['teardown_us']>0 and x['cold'] is False for x in rows), rows; \
+assert all(x['paired_ratio_to_depot']>0 and (x['allocator']!='depot' or x['paired_ratio_to_depot']==1) for x in rows), rows; \
 g=[x for x in rows if x['device']!='host:0']; assert not g or {'depot'} <= {x['allocator'] for x in g}, g; \
 gr={x['allocator']: x for x in a['growing'] if x['device']=='host:0'}; assert set(gr)=={'depot','depot-expandable'}, gr; \
 o, e = gr['depot'], gr['depot-expandable']; assert o['peak_allocated'] > 0 and e['peak_allocated'] > 0, gr; \
