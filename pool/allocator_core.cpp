@@ -1792,6 +1792,7 @@ struct allocator_core::impl {
     if (k == tc.ops.size()) {  // the least recent allocator's entry goes
       k = tc.ops.size() - 1;
       tc.ops[k] = thread_caches::op_entry{id, nullptr};
+      publish_at_thread_exit();
     }
     thread_caches::to_front(tc.ops, k);
     stream_cache* previous = std::exchange(tc.ops[0].cache, &c);
@@ -1819,6 +1820,30 @@ struct allocator_core::impl {
     }
     previous->mu.unlock();
     if (!locked) c.mu.lock();
+  }
+  // Arms (once per thread) the publishing, as the thread exits, of what its last operation
+  // on each live allocator left in that operation's cache: a thread's changes stay there
+  // until it moves on, and a thread that exits moves on no more, so the shared figures
+  // would lack them until stats() (whose publishing is exact), and the peaks of threads
+  // on other caches after it counted its last frees as still allocated (depot-bench alloc,
+  // one thread on 4 streams, new threads each run: an allocated peak of 1 980 MiB for a
+  // true 1 032, above the reserved peak). A thread_local with a destructor is reached
+  // through a guard: here, on a thread's first operation on an allocator, not on the hot
+  // path's tl_caches. Under the allocators' list lock, so an allocator being destroyed
+  // (delisted first) is either published or not seen.
+  static void publish_at_thread_exit()
+  {
+    struct at_exit {
+      ~at_exit()
+      {
+        fork_list& l = forks();
+        const std::lock_guard g{l.mu};
+        for (impl* m : l.all) m->publish_own();
+        tl_caches.ops.fill({});
+      }
+    };
+    static thread_local at_exit hook;
+    (void)&hook;
   }
   // The delta of the cache of this thread's last operation here, published (no cache
   // lock held).
