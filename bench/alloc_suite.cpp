@@ -410,11 +410,12 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
       // ratio of the medians compares runs from different rounds, and a host that changes
       // speed between rounds (the H200 hosts did, by 2x, within one row) puts the two
       // medians in different phases: the paired ratio keeps each comparison within a round.
-      const auto paired = [&](std::size_t k) {
+      std::vector<double> paired;  // by allocator (depot's is 1)
+      for (const std::vector<double>& runs : all_runs) {
         std::vector<double> r;
-        for (std::size_t i = 0; i < all_runs[k].size(); ++i) r.push_back(all_runs[k][i] / all_runs[0][i]);
-        return median(r);
-      };
+        for (std::size_t i = 0; i < runs.size(); ++i) r.push_back(runs[i] / all_runs[0][i]);
+        paired.push_back(median(r));
+      }
       for (std::size_t k = 0; k < allocators.size(); ++k) {
         const allocator_under_test& a = allocators[k];
         const std::vector<double>& runs = all_runs[k];
@@ -441,7 +442,7 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
                         {"cold", opts.alloc_cold},  // false: each timed run right after an untimed one of its own
                         {"pinned", opts.alloc_pin},
                         {"ratio_to_depot", us / depot_us},
-                        {"paired_ratio_to_depot", paired(k)}});
+                        {"paired_ratio_to_depot", paired[k]}});
         if (a.name == "depot" && depot_pool) {
           // What depot's speed cost in memory, over the warm-up and the timed runs: the
           // peak reserved bytes and the misses (new memory, or another stream's taken over).
@@ -456,7 +457,7 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
       if (allocators.size() > 1) {
         std::printf("  %18s paired (median of each round's ratio):", "");
         for (std::size_t k = 1; k < allocators.size(); ++k) {
-          std::printf(" %s %.2f", allocators[k].name.c_str(), paired(k));
+          std::printf(" %s %.2f", allocators[k].name.c_str(), paired[k]);
         }
         std::printf("\n");
       }

@@ -4848,6 +4848,14 @@ TEST_CASE_TEMPLATE("pool: a fuzz on four threads, checked exactly between rounds
       std::mt19937_64 rng{seed + static_cast<unsigned>(t)};
       depot::stream<D>& s = streams[static_cast<std::size_t>(t)];
       std::vector<held>& own = mine[static_cast<std::size_t>(t)];
+      // One of v's blocks, drawn at random and taken out of v.
+      const auto take_any = [&](std::vector<held>& v) {
+        const std::size_t j = rng() % v.size();
+        const held h = v[j];
+        v[j] = v.back();
+        v.pop_back();
+        return h;
+      };
       const auto check_and_free = [&](const held& h, depot::stream_ref<D> on) {
         s.synchronize();
         if (!check_bytes<D>(h.p, h.n, h.id, rng)) ++bad_data;
@@ -4863,25 +4871,15 @@ TEST_CASE_TEMPLATE("pool: a fuzz on four threads, checked exactly between rounds
             fill_bytes<D>(p, n, id, s);
             own.push_back({p, n, id});
           } else if (op < 75) {
-            const std::size_t j = rng() % own.size();
-            check_and_free(own[j], s);  // on this thread's stream: another's when the block was handed over
-            own[j] = own.back();
-            own.pop_back();
+            check_and_free(take_any(own), s);  // on this thread's stream: another's when the block was handed over
           } else if (op < 85) {
-            const std::size_t j = rng() % own.size();
+            const held h = take_any(own);
             s.synchronize();  // its fill is done before another thread reads it
             const std::lock_guard g{exchange_mu};
-            exchange.push_back(own[j]);
-            own[j] = own.back();
-            own.pop_back();
+            exchange.push_back(h);
           } else if (op < 93) {
             const std::lock_guard g{exchange_mu};
-            if (!exchange.empty()) {
-              const std::size_t j = rng() % exchange.size();
-              own.push_back(exchange[j]);
-              exchange[j] = exchange.back();
-              exchange.pop_back();
-            }
+            if (!exchange.empty()) own.push_back(take_any(exchange));
           } else if (op < 97) {
             const std::size_t other = rng() % k_threads;
             a.record_stream(own[rng() % own.size()].p, streams[other]);
