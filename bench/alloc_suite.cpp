@@ -622,7 +622,7 @@ void alloc_all(const options& opts, int device, nlohmann::json& rows, nlohmann::
                nlohmann::json& hole_misses)
 {
   alloc_device<D>(opts, device, rows);
-  if (asked(opts, "depot-expandable")) {
+  if (asked(opts, "depot-expandable") && !opts.alloc_rows_only) {
     alloc_growth<D>(device, growing);
     alloc_map_pages<D>(device, maps);
     alloc_hole_miss<D>(device, hole_misses);
@@ -1049,13 +1049,15 @@ nlohmann::json run_alloc(const options& opts)
   if ((opts.device == "all" || opts.device == "hip") && device_count<hip>() > 0) alloc_all<hip>(opts, 0, rows, growing, maps, hole_misses);
 #endif
   nlohmann::json lock;
-  alloc_lock(lock);
   nlohmann::json reader;
-  alloc_reader(reader);
   nlohmann::json destroy;
-  alloc_destroy(destroy);
   nlohmann::json fixed;
-  alloc_fixed(fixed);
+  if (!opts.alloc_rows_only) {
+    alloc_lock(lock);
+    alloc_reader(reader);
+    alloc_destroy(destroy);
+    alloc_fixed(fixed);
+  }
   return nlohmann::json{{"suite", "alloc"},           {"seed", opts.seed},   {"rows", rows},
                         {"growing", growing},         {"map_pages", maps},   {"hole_misses", hole_misses},
                         {"cache_lock", lock},         {"stats_reader", reader}, {"stream_destruction", destroy},

@@ -30,6 +30,9 @@ struct options {
   // state, as RMM's benchmark loop runs one allocator back to back)
   bool alloc_cold = false;
   bool alloc_pin = true;  // alloc: pin benchmark thread t to a fixed CPU (the same for every allocator)
+  // alloc: the random_allocations rows alone (for A/B runs: no growth, mapping, lock,
+  // reader, stream destruction or fixed-pool parts, which take ~1 minute on 2 cores)
+  bool alloc_rows_only = false;
   unsigned seed = 1;
   std::vector<std::string> alloc_only;  // allocator names to run (empty: all)
   std::string trace_out;  // alloc: write the depot allocator's trace (depot.trace.v1) here

@@ -113,6 +113,9 @@ int main(int argc, char** argv)
   app.add_flag("!--alloc-no-pin", opts.alloc_pin,
                "alloc: leave the benchmark threads unpinned (by default thread t runs on one fixed CPU, "
                "the same for every allocator and run)");
+  app.add_flag("--alloc-rows-only", opts.alloc_rows_only,
+               "alloc: the random_allocations rows alone (not the growing requests, page mapping, "
+               "cache lock, stats reader, stream destruction and fixed pool parts)");
   app.add_option("--alloc-only", opts.alloc_only,
                  "alloc: run only these allocators (depot, malloc, cudaMalloc, cudaMallocAsync, "
                  "hipMalloc, hipMallocAsync, torch); depot always runs, as the reference");
@@ -195,6 +198,7 @@ int main(int argc, char** argv)
                           {"alloc_reps", opts.alloc_reps},
                           {"alloc_cold", opts.alloc_cold},
                           {"alloc_pin", opts.alloc_pin},
+                          {"alloc_rows_only", opts.alloc_rows_only},
                           {"seed", opts.seed}}},
                         {"suites", nlohmann::json::array()}};
   try {

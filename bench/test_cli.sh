@@ -53,6 +53,16 @@ check python3 -c "import json; r=json.load(open('$tmp/a.json')); rows=r['suites'
 assert rows and all(x['streams']==3 and x['us_per_pair']>0 and x['cold'] for x in rows), rows; \
 assert r['options']['alloc_streams']==3 and r['options']['alloc_cold'] is True"
 
+# The rows alone: no growing-requests, mapping, lock, reader, destruction or fixed-pool parts.
+"$bench" alloc --device host --alloc-n 2000 --alloc-max 64KiB --alloc-reps 1 --alloc-rows-only \
+  --json "$tmp/o.json" > "$tmp/out" 2>&1
+check test $? -eq 0
+check python3 -c "import json; r=json.load(open('$tmp/o.json')); a=r['suites'][0]; rows=a['rows']; \
+assert {x['allocator'] for x in rows}=={'depot','depot-expandable','malloc'}, rows; \
+assert all(x['us_per_pair']>0 for x in rows), rows; assert r['options']['alloc_rows_only'] is True; \
+assert not a['growing'] and not a['map_pages'] and a['cache_lock'] is None and a['fixed_pool'] is None, a"
+check sh -c "! grep -q 'growing requests\|fixed pool' '$tmp/out'"
+
 "$bench" staging --device host --staging-sizes 64KiB --staging-sizes 1MiB --staging-steps 4 \
   --staging-reps 1 --repetitions 2 --json "$tmp/s.json" > "$tmp/out" 2>&1
 check test $? -eq 0
