@@ -3543,22 +3543,68 @@ TEST_CASE_TEMPLATE("pool: a captured graph replays its work in its own memory", 
   }
 }
 
+// An allocator over manual events whose step() checks it after each operation: the
+// statistics' invariants against a snapshot, and every peak against the figures seen so far.
+struct peak_checked_core {
+  std::shared_ptr<manual_event_upstream::state> ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a = async_core(ev);
+  peak_tracker peaks;
+  std::array<depot::native_stream, 3> streams{fake_stream(0x1000), fake_stream(0x2000), fake_stream(0x3000)};
+  depot::memory_stats step()
+  {
+    const depot::memory_stats st = a.stats();
+    check_invariants(st, a.snapshot());
+    peaks.check(st);
+    return st;
+  }
+};
+
+TEST_CASE("pool: empty_cache counts its peaks once, at its end (asynchronous backend)")
+{
+  // empty_cache() returns every stream's pending blocks, one cache after another: s1's
+  // returned block is a split piece (inactive split bytes grow by 8 MiB), then s2's makes
+  // its segment whole again (they shrink by 12 MiB, and the segment goes). Every peak is
+  // the figure before the call or the one it left, never one between two caches (until
+  // 2026-12-02 the inactive split peak was 24 MiB, a figure no operation left; the
+  // batched-statistics test found it with DEPOT_TEST_SEED=2).
+  peak_checked_core t;
+  depot::detail::allocator_core& a = t.a;
+  const auto step = [&] { return t.step(); };
+  const auto [s1, s2, s3] = t.streams;
+  void* a1 = a.allocate(8 * MiB, s1);  // s1's cache (first in the registry): a 20 MiB segment
+  step();
+  void* a2 = a.allocate(8 * MiB, s1);  // the same segment: 4 MiB left, a split piece
+  step();
+  void* b1 = a.allocate(8 * MiB, s2);  // s2's own 20 MiB segment: 12 MiB left
+  step();
+  a.record_stream(a1, s3);
+  a.deallocate(a1, s1, true, 0);  // pending on s3
+  step();
+  a.record_stream(b1, s3);
+  a.deallocate(b1, s2, true, 0);  // pending on s3
+  depot::memory_stats st = step();
+  CHECK(st.inactive_split_bytes.all.current == static_cast<std::int64_t>(16 * MiB));
+  t.ev->open.clear();  // s3's work done
+  a.empty_cache();
+  st = step();
+  CHECK(st.inactive_split_bytes.all.current == static_cast<std::int64_t>(12 * MiB));  // a1's 8 + a2's 4
+  CHECK(st.inactive_split_bytes.all.peak == static_cast<std::int64_t>(16 * MiB));
+  CHECK(st.reserved_bytes.all.current == static_cast<std::int64_t>(20 * MiB));
+  a.deallocate(a2, s1, true, 0);
+  step();
+  a.empty_cache();
+  CHECK(step().reserved_bytes.all.current == 0);
+}
+
 TEST_CASE("pool: one operation that changes both pools counts its peaks once (asynchronous backend)")
 {
   // An allocation that first returns a pending large block to the cache (the large pool's
   // inactive split bytes grow) and then takes a split small block (the small pool's
   // shrink): the "all" peak is the sum after the operation, not a mix of before and after.
-  auto ev = std::make_shared<manual_event_upstream::state>();
-  depot::detail::allocator_core a = async_core(ev);
-  const auto s1 = fake_stream(0x1000);
-  const auto s2 = fake_stream(0x2000);
-  peak_tracker peaks;
-  auto step = [&] {
-    const depot::memory_stats st = a.stats();
-    check_invariants(st, a.snapshot());
-    peaks.check(st);
-    return st;
-  };
+  peak_checked_core t;
+  depot::detail::allocator_core& a = t.a;
+  const auto step = [&] { return t.step(); };
+  const auto [s1, s2, s3] = t.streams;  // (s3 unused)
   void* l1 = a.allocate(8 * MiB, s1);
   step();
   void* l2 = a.allocate(8 * MiB, s1);  // same 20 MiB segment: l1 freed alone is a split block
@@ -3574,7 +3620,7 @@ TEST_CASE("pool: one operation that changes both pools counts its peaks once (as
   a.record_stream(l1, s2);
   a.deallocate(l1, s1, true, 0);  // pending on s2
   step();
-  ev->open.clear();
+  t.ev->open.clear();
   void* d3 = a.allocate(4 * KiB, s1);  // releases l1 (large split +8 MiB), takes d1's block
   CHECK(d3 == d1);
   st = step();
