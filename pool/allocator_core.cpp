@@ -1486,16 +1486,6 @@ class cache_lock {
     std::exchange(cache_, nullptr)->mu.unlock();
   }
   [[nodiscard]] stream_cache& cache() const noexcept { return *cache_; }
-  // Ends the operation under way and publishes the cache's delta now, keeping the lock: for
-  // changes made in a cache other than the calling thread's own (flush_all), which must
-  // not wait unpublished while that thread's own delta goes on (`peaks`: shared_stats::publish).
-  void publish(bool peaks = true) noexcept
-  {
-    stat_delta& d = *cache_->delta;
-    if (d.op != 0) d.end_op();
-    stats_->publish(d, peaks);
-  }
-
  private:
   [[gnu::noinline]] void give_back() noexcept { unlock(); }
   shared_stats* stats_ = nullptr;
@@ -2727,30 +2717,38 @@ struct allocator_core::impl {
   // The calling thread's unpublished changes are published first and each cache's as its
   // turn ends, so the figures take in every change in the order it was made (one thread's
   // peaks stay exact).
-  // One step for the statistics: each cache's own operations' changes are published with
-  // their peaks first, then what the flush changed there without any, and the peaks take
-  // in the figures the whole flush left at its end. A figure between two caches (one
-  // cache's pending blocks returned, the next one's not yet) was no operation's boundary:
-  // publishing each cache's flush with its peaks made a peak of it (inactive split bytes
-  // 24 MiB where the figures before and after were 16 and 12 MiB).
+  // One step for the statistics, under every cache's lock (as stats() reads): each cache's
+  // own operations' changes are published with their peaks first, then what the flush
+  // changed there without any, and the peaks take in the figures the whole flush left at
+  // its end, before any lock is given back. A figure between two caches (one cache's pending
+  // blocks returned, the next one's not yet) was no operation's boundary: publishing each
+  // cache's flush with its peaks made a peak of it (inactive split bytes 24 MiB where the
+  // figures before and after were 16 and 12 MiB); and no reader may see a figure above its
+  // peak (a lock per cache let one in between: 4 of a 16-core H200 host's reads, four-thread
+  // fuzz). Other threads' operations wait for the whole flush, as for PyTorch's empty_cache.
   void flush_all(bool wait)
   {
     publish_own();
-    {
-      std::shared_lock r{registry_mu};
-      for (auto& c : caches) {
-        cache_lock g{figures, *c};
-        g.publish();  // (its own operations' changes: boundaries they were)
-        process_events(*c, wait);
-        if (c->fence != nullptr && (wait || up->event_done(c->fence))) {
-          if (wait) up->wait_event(c->fence);
-          up->destroy_event(std::exchange(c->fence, nullptr));
-        }
-        if (c->capture_pool == 0) release_free_segments(*c);  // (a held pool's memory stays: a replay may use it)
-        g.publish(false);
+    std::shared_lock r{registry_mu};
+    std::vector<std::unique_lock<cache_mutex>> locks;
+    lock_all(locks);
+    struct peaks_at_end {  // (also when the backend throws half-way)
+      shared_stats& figures;
+      ~peaks_at_end() { figures.raise_to_current(); }
+    } at_end{figures};
+    for (auto& c : caches) {
+      stat_delta& d = *c->delta;
+      if (d.op != 0) d.end_op();
+      figures.publish(d);  // (its own operations' changes: boundaries they were)
+      process_events(*c, wait);
+      if (c->fence != nullptr && (wait || up->event_done(c->fence))) {
+        if (wait) up->wait_event(c->fence);
+        up->destroy_event(std::exchange(c->fence, nullptr));
       }
+      if (c->capture_pool == 0) release_free_segments(*c);  // (a held pool's memory stays: a replay may use it)
+      if (d.op != 0) d.end_op();
+      figures.publish(d, false);
     }
-    figures.raise_to_current();
   }
 
   // Whether a handle names a stream that is never destroyed: the default (legacy) stream,
