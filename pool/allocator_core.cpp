@@ -922,9 +922,10 @@ struct stat_delta {
   // The operation under way changes the hot cells of this pool: marked once, so the index
   // changes that follow (add_split_if<true>, sub_split_if<true>) set no bit each (a masked
   // bit per block indexed or unindexed cost ~10 instructions per pair at 64 MiB requests).
-  // Only the operation's own cache: a bit in an idle cache's delta (one whose segments a
-  // steal took) would open a headroom window there that goes stale (shared_stats::settle),
-  // and the peaks missed what it hid (the batched-statistics test, seed 7).
+  // Only on the hot paths, in the operation's own cache: a bit set unconditionally by every
+  // index change (a steal's in another cache included) made the batched-statistics test
+  // (seed 7) miss a cached-bytes peak; the likely cause, a bit in an idle cache's delta
+  // opening a headroom window there that went stale (shared_stats::settle), is not proven.
   [[gnu::always_inline]] void mark(bool small) noexcept { op |= pool_bit(small); }
   // A segment came (+1) or went (-1): published as the operation ends.
   void change_segments(bool small, std::size_t bytes, int sign) noexcept
@@ -2108,8 +2109,7 @@ struct allocator_core::impl {
   {
     block* b = c.pools[Small ? 1 : 0].find(size);
     if (b == nullptr || (!Small && oversize(b, size))) return nullptr;
-    c.delta->mark(Small);
-    unindex<true>(c, b, Small);
+    unindex<true>(c, b, Small);  // (hand_out marks the pool)
     hand_out(c, b, size, bytes, Small);
     return b;
   }
@@ -2714,10 +2714,8 @@ struct allocator_core::impl {
 
   // Every cache: pending frees whose events completed (all of them, waiting, when `wait`)
   // back in the cache, fences done with, whole free segments returned to the upstream.
-  // The calling thread's unpublished changes are published first and each cache's as its
-  // turn ends, so the figures take in every change in the order it was made (one thread's
-  // peaks stay exact).
-  // One step for the statistics, under every cache's lock (as stats() reads): each cache's
+  // The calling thread's unpublished changes are published first. Then, as one step for the
+  // statistics, under every cache's lock (as stats() reads): each cache's
   // own operations' changes are published with their peaks first, then what the flush
   // changed there without any, and the peaks take in the figures the whole flush left at
   // its end, before any lock is given back. A figure between two caches (one cache's pending
@@ -2738,16 +2736,18 @@ struct allocator_core::impl {
     } at_end{figures};
     for (auto& c : caches) {
       stat_delta& d = *c->delta;
-      if (d.op != 0) d.end_op();
-      figures.publish(d);  // (its own operations' changes: boundaries they were)
+      const auto publish = [&](bool peaks) {
+        if (d.op != 0) d.end_op();
+        figures.publish(d, peaks);
+      };
+      publish(true);  // (its own operations' changes: boundaries they were)
       process_events(*c, wait);
       if (c->fence != nullptr && (wait || up->event_done(c->fence))) {
         if (wait) up->wait_event(c->fence);
         up->destroy_event(std::exchange(c->fence, nullptr));
       }
       if (c->capture_pool == 0) release_free_segments(*c);  // (a held pool's memory stays: a replay may use it)
-      if (d.op != 0) d.end_op();
-      figures.publish(d, false);
+      publish(false);
     }
   }
 
