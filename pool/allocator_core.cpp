@@ -2138,16 +2138,24 @@ struct allocator_core::impl {
     b->timed = tracing.load(std::memory_order_relaxed);
     if (b->timed) b->t_alloc = now_ns();
     c.live.insert(b->addr, b);  // may throw (growth) before anything is counted
+    count_handed_out<Ends>(c, small, b->size, bytes);
+  }
+  // The allocation counted (stat_delta::count_allocation); with Ends, its operation ended
+  // with it where it can (count_allocation_ended) and the delta settled when due, as
+  // cache_lock::unlock() would.
+  template <bool Ends>
+  [[gnu::always_inline]] void count_handed_out(stream_cache& c, bool small, std::size_t size, std::size_t bytes) noexcept
+  {
     stat_delta& d = *c.delta;
     if constexpr (Ends) {
-      if (d.count_allocation_ended(small, b->size, bytes)) [[likely]] {
+      if (d.count_allocation_ended(small, size, bytes)) [[likely]] {
         if ((d.due & stat_delta::k_settle) != 0) [[unlikely]] {
           figures.settle(d);
         }
         return;
       }
     }
-    d.count_allocation(small, b->size, bytes);
+    d.count_allocation(small, size, bytes);
   }
 
   [[gnu::always_inline]] block* take_free(stream_cache& c, std::size_t size, bool small, std::size_t bytes)
@@ -2591,16 +2599,7 @@ struct allocator_core::impl {
     e.pending = 0;
     e.requested = static_cast<std::uint32_t>(bytes);
     if (s.t_alloc) s.t_alloc[u] = traced ? now_ns() : 0;
-    stat_delta& d = *c.delta;
-    if constexpr (Ends) {
-      if (d.count_allocation_ended(true, unit_bytes(units), bytes)) [[likely]] {
-        if ((d.due & stat_delta::k_settle) != 0) [[unlikely]] {
-          figures.settle(d);
-        }
-        return;
-      }
-    }
-    d.count_allocation(true, unit_bytes(units), bytes);
+    count_handed_out<Ends>(c, true, unit_bytes(units), bytes);
   }
 
   block_ref small_take_free(stream_cache& c, unsigned units, std::size_t bytes)
