@@ -141,6 +141,33 @@ void* host_runtime::allocate_pinned(std::size_t bytes)
 
 void host_runtime::deallocate_pinned(void* ptr) noexcept { std::free(ptr); }
 
+void* host_runtime::map_segment(std::size_t bytes, int device)
+{
+  check_device(device);
+  const device_id id{device_kind::host, device};
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  if (bytes == 0) return nullptr;
+  if (bytes > std::numeric_limits<std::size_t>::max() - page) {
+    throw out_of_memory("depot: host segment of " + std::to_string(bytes) + " bytes exceeds the address space",
+                        bytes, id);
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    const int e = errno;
+    throw out_of_memory("depot: host out of memory: a segment of " + format_bytes(bytes) + " (" +
+                            std::to_string(bytes) + " bytes) could not be mapped (" + std::strerror(e) +
+                            "); the system has " + format_bytes(meminfo_bytes("MemAvailable")) +
+                            " available of " + format_bytes(meminfo_bytes("MemTotal")),
+                        bytes, id);
+  }
+  return p;
+}
+
+void host_runtime::unmap_segment(void* ptr, std::size_t bytes) noexcept
+{
+  if (ptr != nullptr && bytes != 0) (void)::munmap(ptr, bytes);
+}
+
 void host_runtime::copy(void* dst, const void* src, std::size_t bytes)
 {
   if (bytes == 0) return;

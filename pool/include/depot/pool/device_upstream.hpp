@@ -9,12 +9,14 @@
 
 #include <cstddef>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 namespace depot {
 
-// Device memory of backend D straight from the HAL (cudaMalloc / hipMalloc / the heap),
-// with D's events. `pinned = true` takes pinned host memory instead (cudaMallocHost /
+// Device memory of backend D straight from the HAL (cudaMalloc / hipMalloc / on the host,
+// pages mapped for each segment and unmapped when it is freed: never the heap, which would
+// keep them resident after empty_cache()), with D's events. `pinned = true` takes pinned host memory instead (cudaMallocHost /
 // hipHostMalloc), still ordered by D's streams: the upstream of the pinned host pool.
 // Thread-safe, fork() included (the HAL is; its one lock is a fork_leaf_mutex). Destroyed
 // events are kept (up to 64) and recorded again: an event taken from the backend costs more
@@ -35,11 +37,17 @@ class device_upstream final : public upstream_resource {
 
   [[nodiscard]] void* allocate(std::size_t bytes) override
   {
-    return pinned_ ? runtime<D>::allocate_pinned(bytes) : runtime<D>::allocate(bytes, device_);
+    if constexpr (std::is_same_v<D, host>) {
+      return runtime<host>::map_segment(bytes, device_);  // pinned or not: pages of their own
+    } else {
+      return pinned_ ? runtime<D>::allocate_pinned(bytes) : runtime<D>::allocate(bytes, device_);
+    }
   }
-  void deallocate(void* ptr, std::size_t) noexcept override
+  void deallocate(void* ptr, std::size_t bytes) noexcept override
   {
-    if (pinned_) {
+    if constexpr (std::is_same_v<D, host>) {
+      runtime<host>::unmap_segment(ptr, bytes);
+    } else if (pinned_) {
       runtime<D>::deallocate_pinned(ptr);
     } else {
       runtime<D>::deallocate(ptr, device_);

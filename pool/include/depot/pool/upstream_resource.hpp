@@ -14,7 +14,8 @@
 namespace depot {
 
 // Where a caching_allocator gets its segments and how it orders work on streams.
-// allocate() throws depot::out_of_memory when it cannot; deallocate() never throws and
+// allocate() throws depot::out_of_memory when it cannot; deallocate(ptr, bytes), given the
+// size that allocate() was given (the caching allocator always passes it), never throws and
 // returns only once no queued work can touch the memory (cudaFree and hipFree wait for the
 // device); vm_unmap() need not wait: the allocator waits first for the work that may use
 // the pages.

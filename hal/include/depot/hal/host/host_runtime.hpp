@@ -35,6 +35,12 @@ class host_runtime {
   static void set_async_release_threshold(int device, std::size_t bytes);
   static void* allocate_pinned(std::size_t bytes);
   static void deallocate_pinned(void* ptr) noexcept;
+  // Whole pages of anonymous memory of their own (mmap), for segments of the caching
+  // allocators (device and pinned); unmap_segment gives them back to the system at once
+  // (bytes: as mapped). Not the heap: glibc keeps freed heap memory resident, so
+  // empty_cache() would lower memory_reserved() and not the process's memory.
+  static void* map_segment(std::size_t bytes, int device);
+  static void unmap_segment(void* ptr, std::size_t bytes) noexcept;
   // Always false: the host backend has no page-locked memory apart from other memory (its
   // "asynchronous" copies are synchronous memcpy), so staging code keeps its staged path.
   static bool is_pinned(const void*) noexcept { return false; }
