@@ -274,8 +274,9 @@ class segregated_index {
     b->fprev = b->fnext = nullptr;
     // The bitmaps without a branch: whether a list empties is the workload's coin toss.
     const auto emptied = static_cast<unsigned>(heads_[fl][sl] == nullptr);
-    sl_map_[fl] = static_cast<std::uint16_t>(sl_map_[fl] & ~(emptied << sl));
-    fl_map_ &= ~(std::uint64_t{sl_map_[fl] == 0} << fl);
+    const auto sm = static_cast<std::uint16_t>(sl_map_[fl] & ~(emptied << sl));
+    sl_map_[fl] = sm;
+    if (sm == 0) fl_map_ &= ~(std::uint64_t{1} << fl);
     bytes_ -= b->*Key;
   }
 
@@ -354,12 +355,19 @@ class address_table {
 
   void reserve(std::size_t extra)
   {
-    while ((count_ + extra) * 4 > slots_.size()) grow();
+    while (count_ + extra > room_) grow();
   }
+  // Whether one more member fits without growing (insert_reserved may then be used).
+  [[nodiscard]] bool has_room() const noexcept { return count_ < room_; }
 
   [[gnu::always_inline]] void insert(std::uintptr_t key, V* value)
   {
-    if ((count_ + 1) * 4 > slots_.size()) grow();
+    if (count_ >= room_) grow();
+    insert_reserved(key, value);
+  }
+  // insert() where has_room() (or reserve()) said it fits: never allocates.
+  [[gnu::always_inline]] void insert_reserved(std::uintptr_t key, V* value) noexcept
+  {
     std::size_t i = home(key);
     while (slots_[i].key != 0) i = (i + 1) & mask_;
     slots_[i] = {key, value};
@@ -407,19 +415,24 @@ class address_table {
   {
     return static_cast<std::size_t>(((key >> Shift) * 0x9E3779B97F4A7C15ULL) >> 20) & mask_;
   }
+  // Twice the slots. May throw std::bad_alloc, changing nothing (the new slots are had
+  // before the old ones move: moving out first lost every member when the allocation
+  // failed, tests/alloc_failure.cpp).
   void grow()
   {
-    std::vector<slot> old = std::move(slots_);
-    slots_.assign(old.empty() ? MinSlots : old.size() * 2, slot{});
+    std::vector<slot> old(slots_.empty() ? MinSlots : slots_.size() * 2, slot{});
+    old.swap(slots_);
     mask_ = slots_.size() - 1;
+    room_ = slots_.size() / 4;
     count_ = 0;
     for (const slot& s : old) {
-      if (s.key != 0) insert(s.key, s.value);
+      if (s.key != 0) insert_reserved(s.key, s.value);
     }
   }
 
   std::vector<slot> slots_;
   std::size_t mask_ = 0;
+  std::size_t room_ = 0;  // members that fit: a quarter of the slots
   std::size_t count_ = 0;
 };
 
@@ -2001,13 +2014,19 @@ struct allocator_core::impl {
       if (auto it = by_stream.find(s); it != by_stream.end()) c = it->second;
     }
     if (c == nullptr) {
+      // A new cache: each step that may throw std::bad_alloc comes before anything changes
+      // (an entry inserted first and left null by a failed allocation after it crashed the
+      // next allocation on the stream: tests/alloc_failure.cpp).
       std::unique_lock w{registry_mu};
-      auto [it, inserted] = by_stream.try_emplace(s, nullptr);
-      if (inserted) {
-        caches.push_back(std::make_unique<stream_cache>(s, small_table, cfg.stats_batch, cfg.biased_locks));
-        it->second = caches.back().get();
+      if (auto it = by_stream.find(s); it != by_stream.end()) {
+        c = it->second;
+      } else {
+        auto fresh = std::make_unique<stream_cache>(s, small_table, cfg.stats_batch, cfg.biased_locks);
+        caches.reserve(caches.size() + 1);
+        by_stream.emplace(s, fresh.get());
+        c = fresh.get();
+        caches.push_back(std::move(fresh));  // (reserved)
       }
-      c = it->second;
     }
     thread_caches::to_front(tc.entries, tc.entries.size() - 1);
     tc.entries[0] = thread_caches::entry{valid_for, s, c};
@@ -2128,17 +2147,38 @@ struct allocator_core::impl {
     hand_out(c, b, size, bytes, b->small);
   }
   // Ends: the operation ends with the allocation where it can (count_allocation_ended).
+  // Call make_room(c) first, before anything changed (has_room(c) says whether it must):
+  // then this allocates nothing and cannot fail.
   template <bool Ends = false>
-  [[gnu::always_inline]] void hand_out(stream_cache& c, block* b, std::size_t size, std::size_t bytes, bool small)
+  [[gnu::always_inline]] void hand_out(stream_cache& c, block* b, std::size_t size, std::size_t bytes, bool small) noexcept
   {
-    c.delta->mark(small);  // (before the split: live.insert below may throw)
+    c.delta->mark(small);
     split(c, b, size, small);
     b->state = block_state::allocated;
     b->requested = bytes;
     b->timed = tracing.load(std::memory_order_relaxed);
     if (b->timed) b->t_alloc = now_ns();
-    c.live.insert(b->addr, b);  // may throw (growth) before anything is counted
+    c.live.insert_reserved(b->addr, b);
     count_handed_out<Ends>(c, small, b->size, bytes);
+  }
+  // What a hand-out of a linked block takes from the heap, had before anything changes: a
+  // spare block record (for a split) and a free slot in the table of live blocks. Without
+  // it, a hand-out that failed for host memory after its block left the index lost the
+  // block, counted nowhere (tests/alloc_failure.cpp). May throw std::bad_alloc, changing
+  // nothing that statistics or a snapshot show.
+  // `records`: spare records the caller's changes take (a split's, a new segment's, ...).
+  [[nodiscard]] static bool has_room(const stream_cache& c, int records = 1) noexcept
+  {
+    const block* b = c.spare;
+    for (int i = 0; i < records; ++i, b = b->next) {
+      if (b == nullptr) return false;
+    }
+    return c.live.has_room();
+  }
+  [[gnu::noinline]] static void make_room(stream_cache& c, int records = 1)
+  {
+    c.live.reserve(1);
+    while (!has_room(c, records)) c.add_block_chunk();
   }
   // The allocation counted (stat_delta::count_allocation); with Ends, its operation ended
   // with it where it can (count_allocation_ended) and the delta settled when due, as
@@ -2167,6 +2207,9 @@ struct allocator_core::impl {
   {
     block* b = c.pools[Small ? 1 : 0].find(size);
     if (b == nullptr || (!Small && oversize(b, size))) return nullptr;
+    if (!has_room(c)) [[unlikely]] {
+      make_room(c);  // may throw: nothing changed
+    }
     unindex<true>(c, b, Small);  // (hand_out marks the pool)
     hand_out<true>(c, b, size, bytes, Small);
     return b;
@@ -2576,13 +2619,10 @@ struct allocator_core::impl {
 
   // Hands out the block at `u` (not indexed) as `units` units for `bytes` (caller holds c.mu).
   // Ends: as hand_out's.
+  // Call small_make_room(s) first, before anything changed: then this cannot fail.
   template <bool Ends = false>
-  void small_hand_out(stream_cache& c, small_segment& s, unsigned u, unsigned units, std::size_t bytes)
+  void small_hand_out(stream_cache& c, small_segment& s, unsigned u, unsigned units, std::size_t bytes) noexcept
   {
-    const bool traced = tracing.load(std::memory_order_relaxed);
-    if (traced && !s.t_alloc) {
-      s.t_alloc = std::make_unique<std::uint64_t[]>(k_seg_units);  // may throw: nothing changed yet
-    }
     unit_entry& e = s.units[u];
     if (e.size > units) {  // the rest stays free
       const unsigned r = u + units;
@@ -2598,8 +2638,17 @@ struct allocator_core::impl {
     e.flags = unit_entry::head;
     e.pending = 0;
     e.requested = static_cast<std::uint32_t>(bytes);
-    if (s.t_alloc) s.t_alloc[u] = traced ? now_ns() : 0;
+    // (tracing turned on since small_make_room: this one stays untimed, as before it)
+    if (s.t_alloc) s.t_alloc[u] = tracing.load(std::memory_order_relaxed) ? now_ns() : 0;
     count_handed_out<Ends>(c, true, unit_bytes(units), bytes);
+  }
+  // What small_hand_out takes from the heap: the segment's allocation times, once tracing
+  // is on. May throw std::bad_alloc, changing nothing.
+  void small_make_room(small_segment& s)
+  {
+    if (!s.t_alloc && tracing.load(std::memory_order_relaxed)) [[unlikely]] {
+      s.t_alloc = std::make_unique<std::uint64_t[]>(k_seg_units);
+    }
   }
 
   block_ref small_take_free(stream_cache& c, unsigned units, std::size_t bytes)
@@ -2608,6 +2657,7 @@ struct allocator_core::impl {
     if (l == k_nil) return {};
     small_segment& s = small_table.at(l >> k_unit_bits);
     const unsigned u = l & (k_seg_units - 1);
+    small_make_room(s);  // may throw: nothing changed
     c.delta->mark(true);  // (count_allocation_ended: the operation is of the small pool)
     small_unindex(c, s, u);
     small_hand_out<true>(c, s, u, units, bytes);
@@ -3456,7 +3506,7 @@ struct allocator_core::impl {
     cache_lock g{figures, c};
     if (block_ref b = take(c, size, false, bytes); b.found()) return b;
     if (!c.holes.empty()) {  // pages unmapped inside a range first, before its end grows
-      if (c.spare == nullptr) c.add_block_chunk();
+      make_room(c, 2);  // the rest of the hole's record and a split's
       if (block_ref b = fill_hole(c, size, bytes); b.found()) return b;
     }
     segment* s = c.growing;
@@ -3466,7 +3516,7 @@ struct allocator_core::impl {
     const auto reserved = static_cast<std::size_t>(figures.total(q_reserved));
     if (limit != k_unlimited && reserved + need > limit) return {};
     if (s != nullptr && s->size + need > s->reserved) return {};
-    if (c.spare == nullptr) c.add_block_chunk();  // the records below cannot throw
+    make_room(c, 2);  // the new block's record and a split's: nothing below can throw
     std::unique_ptr<segment> fresh;
     if (s == nullptr) {
       fresh = std::make_unique<segment>();
@@ -3625,6 +3675,12 @@ struct allocator_core::impl {
                                   format_bytes(segment_table::capacity * k_small_segment) + ")",
                               bytes, dev);
         }
+        try {
+          small_make_room(*seg);
+        } catch (...) {
+          small_table.release(*seg);
+          throw;
+        }
         c.add_small(seg);
         out = {nullptr, seg, 0};
       } else {
@@ -3632,6 +3688,7 @@ struct allocator_core::impl {
         seg->addr = addr;
         seg->size = seg_bytes;
         seg->small = small;
+        make_room(c, 2);  // the segment's record and a split's
         block* b = new_block(c);
         b->addr = addr;
         b->size = seg_bytes;
@@ -3777,15 +3834,20 @@ struct allocator_core::impl {
   }
 
   // lookup() past the hinted cache: every other cache, or the error.
+  // The caches one at a time, each read under the registry's lock and searched after it is
+  // given back (no cache lock is taken under it): caches are only ever appended, so an
+  // index walks them all. Nothing allocated: a free must not fail for host memory (a copy
+  // of the list here made frees on another stream throw std::bad_alloc,
+  // tests/alloc_failure.cpp).
   [[gnu::noinline]] std::pair<block_ref, cache_lock> lookup_elsewhere(void* ptr, stream_cache* hint, bool erase)
   {
-    std::vector<stream_cache*> all;
-    {
-      std::shared_lock r{registry_mu};
-      all.reserve(caches.size());
-      for (auto& c : caches) all.push_back(c.get());
-    }
-    for (stream_cache* c : all) {
+    for (std::size_t i = 0;; ++i) {
+      stream_cache* c = nullptr;
+      {
+        std::shared_lock r{registry_mu};
+        if (i >= caches.size()) break;
+        c = caches[i].get();
+      }
       if (c == hint) continue;
       if (auto found = lookup_in(*c, ptr, erase); found.first.found()) return found;
     }

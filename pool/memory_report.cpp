@@ -6,10 +6,11 @@
 #include <depot/pool/allocator_snapshot.hpp>
 #include <depot/pool/detail/allocator_core.hpp>
 
-#include <nlohmann/json.hpp>
-
+#include <cstdint>
 #include <cstdio>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace depot {
 
@@ -26,48 +27,163 @@ std::string_view state_name(block_state s)
   return "unknown";
 }
 
+// The JSON views are written straight into their string, in the form nlohmann::json's
+// dump() gave (keys sorted, no spaces): a document built first ended the process when host
+// memory ran out, as nlohmann::json's destructor allocates (it moves nested values onto a
+// heap stack) and a failure there is a throw from a noexcept function (std::terminate,
+// tests/alloc_failure.cpp). Here a failure is std::bad_alloc from a string's growth.
+class json_writer {
+ public:
+  explicit json_writer(std::string& out) noexcept : out_{out} {}
+  void open(char c)
+  {
+    comma();
+    out_ += c;
+    first_ = true;
+  }
+  void close(char c)
+  {
+    out_ += c;
+    first_ = false;
+  }
+  void key(std::string_view k)
+  {
+    comma();
+    text(k);
+    out_ += ':';
+    first_ = true;  // (the value follows without a comma)
+  }
+  void value(std::string_view v)
+  {
+    comma();
+    text(v);
+  }
+  void value(std::uint64_t v)
+  {
+    comma();
+    out_ += std::to_string(v);
+  }
+  void value(std::int64_t v)
+  {
+    comma();
+    out_ += std::to_string(v);
+  }
+  void value(bool v)
+  {
+    comma();
+    out_ += v ? "true" : "false";
+  }
+  template <class V>
+  void member(std::string_view k, V v)
+  {
+    key(k);
+    value(v);
+  }
+
+ private:
+  void comma()
+  {
+    if (!first_) out_ += ',';
+    first_ = false;
+  }
+  // A JSON string, escaped as nlohmann::json escapes it.
+  void text(std::string_view v)
+  {
+    out_ += '"';
+    for (const char ch : v) {
+      const auto c = static_cast<unsigned char>(ch);
+      switch (ch) {
+        case '"': out_ += "\\\""; break;
+        case '\\': out_ += "\\\\"; break;
+        case '\b': out_ += "\\b"; break;
+        case '\f': out_ += "\\f"; break;
+        case '\n': out_ += "\\n"; break;
+        case '\r': out_ += "\\r"; break;
+        case '\t': out_ += "\\t"; break;
+        default:
+          if (c < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\u%04x", c);
+            out_ += buf;
+          } else {
+            out_ += ch;
+          }
+      }
+    }
+    out_ += '"';
+  }
+
+  std::string& out_;
+  bool first_ = true;
+};
+
 }  // namespace
 
 std::string allocator_snapshot::to_json() const
 {
-  nlohmann::json segs = nlohmann::json::array();
+  std::string out;
+  json_writer w{out};
+  w.open('{');
+  w.member("device", std::string_view{device.to_string()});
+  w.member("format", std::string_view{"depot.snapshot.v1"});
+  w.key("segments");
+  w.open('[');
   for (const segment_info& s : segments) {
-    nlohmann::json blocks = nlohmann::json::array();
+    w.open('{');
+    w.member("address", std::uint64_t{s.address});
+    w.key("blocks");
+    w.open('[');
     for (const block_info& b : s.blocks) {
-      blocks.push_back({{"address", b.address},
-                        {"size", b.size},
-                        {"requested", b.requested},
-                        {"state", state_name(b.state)}});
+      w.open('{');
+      w.member("address", std::uint64_t{b.address});
+      w.member("requested", std::uint64_t{b.requested});
+      w.member("size", std::uint64_t{b.size});
+      w.member("state", state_name(b.state));
+      w.close('}');
     }
-    segs.push_back({{"address", s.address},
-                    {"size", s.size},
-                    {"pool", s.small_pool ? "small" : "large"},
-                    {"stream", s.stream},
-                    {"exported", s.exported},
-                    {"importers", s.importers},
-                    {"capture_pool", s.capture_pool},
-                    {"reserved_addresses", s.reserved},
-                    {"blocks", std::move(blocks)}});
+    w.close(']');
+    w.member("capture_pool", std::uint64_t{s.capture_pool});
+    w.member("exported", s.exported);
+    w.member("importers", std::int64_t{s.importers});
+    w.member("pool", std::string_view{s.small_pool ? "small" : "large"});
+    w.member("reserved_addresses", std::uint64_t{s.reserved});
+    w.member("size", std::uint64_t{s.size});
+    w.member("stream", std::uint64_t{s.stream});
+    w.close('}');
   }
-  return nlohmann::json{{"format", "depot.snapshot.v1"}, {"device", device.to_string()}, {"segments", segs}}
-      .dump();
+  w.close(']');
+  w.close('}');
+  return out;
 }
 
 namespace detail {
 
 std::string allocator_core::trace_json() const
 {
-  nlohmann::json events = nlohmann::json::array();
-  for (const trace_event& e : trace()) {
-    nlohmann::json j{{"kind", to_string(e.kind)}, {"time_ns", e.time_ns}, {"address", e.address},
-                     {"size", e.size},          {"requested", e.requested}, {"stream", e.stream},
-                     {"thread", e.thread}};
-    if (e.kind == trace_kind::allocate) j["cache_hit"] = e.cache_hit;
-    if (e.kind == trace_kind::free) j["lifetime_ns"] = e.lifetime_ns;
-    events.push_back(std::move(j));
+  const std::vector<trace_event> events = trace();
+  std::string out;
+  json_writer w{out};
+  w.open('{');
+  w.member("device", std::string_view{device().to_string()});
+  w.key("events");
+  w.open('[');
+  for (const trace_event& e : events) {
+    w.open('{');
+    w.member("address", std::uint64_t{e.address});
+    if (e.kind == trace_kind::allocate) w.member("cache_hit", e.cache_hit);
+    w.member("kind", to_string(e.kind));
+    if (e.kind == trace_kind::free) w.member("lifetime_ns", std::uint64_t{e.lifetime_ns});
+    w.member("requested", std::uint64_t{e.requested});
+    w.member("size", std::uint64_t{e.size});
+    w.member("stream", std::uint64_t{e.stream});
+    w.member("thread", std::uint64_t{e.thread});
+    w.member("time_ns", std::uint64_t{e.time_ns});
+    w.close('}');
   }
-  return nlohmann::json{{"format", "depot.trace.v1"}, {"device", device().to_string()}, {"events", events}}
-      .dump();
+  w.close(']');
+  w.member("format", std::string_view{"depot.trace.v1"});
+  w.close('}');
+  return out;
 }
 
 std::string allocator_core::summary() const

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Part of depot: the memory layer for host, CUDA and HIP tensor data.
 #include "ipc_child_process.hpp"
+#include "pool_invariants.hpp"
 #include "snapshot_queries.hpp"
 #include "test_devices.hpp"
 
@@ -65,6 +66,8 @@
 #include <vector>
 
 namespace {
+
+using depot::test::check_invariants;
 
 constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
@@ -190,72 +193,6 @@ class limiting_upstream final : public depot::upstream_resource {
   std::shared_ptr<counters> c_;
 };
 
-// Every statistic against the snapshot taken with it, and the allocator's structure.
-void check_invariants(const depot::memory_stats& s, const depot::allocator_snapshot& snap)
-{
-  struct sums {
-    std::int64_t reserved = 0, allocated = 0, active = 0, requested = 0, split = 0, blocks = 0,
-                 segments = 0;
-  } pool[2];  // [0] large, [1] small
-  for (const auto& seg : snap.segments) {
-    sums& p = pool[seg.small_pool ? 1 : 0];
-    p.reserved += static_cast<std::int64_t>(seg.size);
-    ++p.segments;
-    std::uintptr_t expect = seg.address;
-    std::size_t unmapped = 0;
-    bool previous_free = false, previous_unmapped = false;
-    REQUIRE_FALSE(seg.blocks.empty());
-    for (const auto& b : seg.blocks) {
-      REQUIRE(b.address == expect);  // blocks tile the segment
-      expect += b.size;
-      REQUIRE(b.size % 512 == 0);
-      if (b.state == depot::block_state::unmapped) {  // a hole: whole pages, of an expandable segment
-        REQUIRE(seg.reserved != 0);
-        REQUIRE(b.requested == 0);
-        REQUIRE_FALSE(previous_unmapped);  // holes beside each other are merged
-        REQUIRE(&b != &seg.blocks.back());  // the range ends below a hole
-        unmapped += b.size;
-        previous_unmapped = true;
-        previous_free = false;
-        continue;
-      }
-      previous_unmapped = false;
-      const bool is_free = b.state == depot::block_state::free;
-      REQUIRE_FALSE((is_free && previous_free));  // free neighbours are always merged
-      previous_free = is_free;
-      if (b.state == depot::block_state::allocated) {
-        p.allocated += static_cast<std::int64_t>(b.size);
-        p.requested += static_cast<std::int64_t>(b.requested);
-        ++p.blocks;
-      }
-      if (!is_free) p.active += static_cast<std::int64_t>(b.size);
-      if (is_free && seg.blocks.size() > 1) p.split += static_cast<std::int64_t>(b.size);
-    }
-    REQUIRE(expect == seg.address + seg.size + unmapped);
-  }
-  auto check = [](const depot::stat_array& a, std::int64_t large, std::int64_t small) {
-    CHECK(a.large.current == large);
-    CHECK(a.small.current == small);
-    CHECK(a.all.current == large + small);
-    CHECK(a.all.peak >= a.all.current);
-  };
-  check(s.reserved_bytes, pool[0].reserved, pool[1].reserved);
-  check(s.allocated_bytes, pool[0].allocated, pool[1].allocated);
-  check(s.requested_bytes, pool[0].requested, pool[1].requested);
-  check(s.active_bytes, pool[0].active, pool[1].active);
-  check(s.inactive_split_bytes, pool[0].split, pool[1].split);
-  check(s.num_allocations, pool[0].blocks, pool[1].blocks);
-  check(s.num_segments, pool[0].segments, pool[1].segments);
-  CHECK(s.cached_bytes.all.current == s.reserved_bytes.all.current - s.allocated_bytes.all.current);
-  CHECK(s.fragmentation >= 0.0);
-  CHECK(s.fragmentation < 1.0);
-}
-
-template <depot::device D>
-void check_invariants(const depot::caching_allocator<D>& a)
-{
-  check_invariants(a.stats(), a.snapshot());
-}
 
 // Every peak (all, large, small, for every statistic) equals the highest value its figure
 // showed after any operation so far: figures change at operation boundaries, exactly.
@@ -5217,11 +5154,21 @@ TEST_CASE_TEMPLATE("pool: snapshot, trace and summary", D, DEPOT_TEST_DEVICES)
     CHECK(e.time_ns >= t);
     t = e.time_ns;
   }
-  const auto trace = nlohmann::json::parse(a.trace_json());
+  const std::string trace_text = a.trace_json();
+  const auto trace = nlohmann::json::parse(trace_text);
   CHECK(trace["format"] == "depot.trace.v1");
   CHECK(trace["events"].size() == 16);
+  // Written directly (no document in memory), in the exact form of nlohmann::json's dump():
+  // keys sorted, no spaces, each optional key where its kind has it.
+  CHECK(trace.dump() == trace_text);
+  for (const auto& e : trace["events"]) {
+    CHECK(e.contains("cache_hit") == (e["kind"] == "alloc"));
+    CHECK(e.contains("lifetime_ns") == (e["kind"] == "free"));
+  }
   void* live = a.allocate(5000);
-  const auto snap = nlohmann::json::parse(a.snapshot().to_json());
+  const std::string snap_text = a.snapshot().to_json();
+  const auto snap = nlohmann::json::parse(snap_text);
+  CHECK(snap.dump() == snap_text);
   CHECK(snap["format"] == "depot.snapshot.v1");
   REQUIRE(snap["segments"].size() == 1);
   CHECK(snap["segments"][0]["pool"] == "small");
