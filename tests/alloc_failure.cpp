@@ -264,6 +264,21 @@ bool run_script(long n, const depot::allocator_config& cfg, int& steps)
   step("empty_cache", [&] { a.empty_cache(); });
   for (int i = 0; i < 50; ++i) allocate("allocate after empty_cache", 3 * MiB + 512 * static_cast<std::size_t>(i), s2);
   step("reset_memory_stats", [&] { a.reset_memory_stats(); });
+  // A stream that ends with memory cached (its cache closes), then allocations that take
+  // that memory over (steal) on another stream.
+  {
+    std::optional<depot::stream<D>> s3;
+    s3.emplace();
+    const std::size_t before = live.size();
+    for (std::size_t bytes : {std::size_t{4} * KiB, 300 * KiB, 6 * MiB}) allocate("allocate on a third stream", bytes, *s3);
+    while (live.size() > before) {
+      void* p = live.back();
+      live.pop_back();
+      step("free on the third stream", [&] { a.deallocate(p, *s3); }, true);
+    }
+    step("the third stream ends", [&] { s3.reset(); }, true);
+  }
+  for (std::size_t bytes : {std::size_t{4} * KiB, 300 * KiB, 6 * MiB}) allocate("allocate after a stream ended", bytes, s1);
 
   // Nothing leaks: every block frees, and the cache empties.
   free_some(0);
