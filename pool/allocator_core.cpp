@@ -1817,12 +1817,20 @@ struct allocator_core::impl {
   }
   bool capturing() const noexcept { return captures().load(std::memory_order_acquire) != 0; }
   // Waits until the operations under way here are done (their locks given back once).
+  // Allocates nothing (a capture has begun when it runs, so it must not fail for memory):
+  // the caches' locks are taken a chunk at a time, one barrier per chunk for the biases it
+  // revokes, and given back before the next chunk's; each need only be taken once.
   void drain()
   {
     const std::lock_guard g{grow_mu};
     std::shared_lock r{registry_mu};
-    std::vector<std::unique_lock<cache_mutex>> locks;
-    lock_all(locks);
+    std::array<cache_mutex*, 64> chunk{};
+    for (std::size_t i = 0; i < caches.size();) {
+      std::size_t k = 0;
+      for (; k < chunk.size() && i < caches.size(); ++k, ++i) chunk[k] = &caches[i]->mu;
+      cache_mutex::lock_many(chunk.data(), k);
+      for (std::size_t j = 0; j < k; ++j) chunk[j]->unlock();
+    }
   }
 
   std::mutex grow_mu;

@@ -5,7 +5,8 @@
 // operator new (its own executable, so no other test runs under it) with one that can be
 // told to fail its n-th call on this thread. A script of allocator calls covers every kind
 // of growth in the pool's bookkeeping: the tables of live blocks and of segments, block
-// records, record_stream's lists, pending events, the trace ring, snapshots and summaries.
+// records, record_stream's lists, pending events, the trace ring, snapshots and summaries, a
+// graph capture's private pool.
 // It runs once per n, with n = 0, 1, 2, ... until the whole script gets through with
 // nothing failed. Each time, exactly the n-th host allocation fails. The contract checked:
 // - a call either completes or throws std::bad_alloc (depot::out_of_memory is one),
@@ -15,7 +16,10 @@
 // - at the end nothing is allocated, empty_cache() gives every segment back, and once the
 //   allocator is gone nothing of the device is held (an upstream that counts segments,
 //   reserved ranges, mapped pages and events).
-// DEPOT_FAIL_ALLOCATION=n runs the script once with only the n-th allocation failing (the
+// Two more scripts run the same way: a fixed pool (made, filled past its end, emptied,
+// destroyed; a failed construction holds no device memory) and the C interface, whose every
+// call must turn the failure into DEPOT_ERROR_OUT_OF_MEMORY and succeed when called again.
+// DEPOT_FAIL_ALLOCATION=n runs each script once with only the n-th allocation failing (the
 // failing step is named in the test's output), for a debugger's `catch throw`.
 #include "limiting_upstream.hpp"
 #include "pool_invariants.hpp"
@@ -24,7 +28,12 @@
 #include <doctest/doctest.h>
 
 #include <depot/hal/stream.hpp>
+#include <depot/hal/runtime.hpp>
+#include <depot/pool/c_api.h>
 #include <depot/pool/caching_allocator.hpp>
+#include <depot/pool/fixed_pool.hpp>
+#include <depot/pool/pool.hpp>
+#include <depot/config.hpp>
 
 #include <cstddef>
 #include <cstdio>
@@ -108,6 +117,49 @@ namespace {
 constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
+// The steps of one run of a script, the n-th host allocation made while a step is armed
+// failing (n < 0: none). arm() runs one call with the countdown armed.
+class armed_steps {
+ public:
+  armed_steps(long n, int& steps) : n_{n}, left_{n}, steps_{steps} {}
+
+  enum class outcome { clean, threw, absorbed };  // absorbed: the call caught the failure
+  // Runs `call`, armed. A std::bad_alloc is caught only when it is the injected failure's
+  // (anything else thrown, or an exhaustion out_of_memory, goes on to the test).
+  outcome arm(const std::function<void()>& call)
+  {
+    ++steps_;
+    t_failures = 0;
+    t_countdown = left_;
+    bool threw = false;
+    try {
+      call();
+    } catch (const std::bad_alloc& e) {
+      t_countdown = -1;
+      if (t_failures == 0) throw;  // not the injected failure: the caller's to check
+      threw = true;
+      message_ = e.what();
+    }
+    const long used = left_ - t_countdown;  // calls made while armed (+1 for the failed one)
+    t_countdown = -1;
+    if (left_ >= 0) left_ = t_failures != 0 ? -1 : left_ - used;
+    if (t_failures == 0) return outcome::clean;
+    failed_ = true;
+    return threw ? outcome::threw : outcome::absorbed;
+  }
+  [[nodiscard]] bool failed() const noexcept { return failed_; }  // the injected failure happened
+  [[nodiscard]] long n() const noexcept { return n_; }
+  [[nodiscard]] int step() const noexcept { return steps_; }
+  [[nodiscard]] const std::string& message() const noexcept { return message_; }
+
+ private:
+  long n_;
+  long left_;
+  int& steps_;
+  bool failed_ = false;
+  std::string message_;
+};
+
 // One run of the script against a fresh allocator, the n-th host allocation of its armed
 // steps failing (n < 0: none). Returns whether one failed; `steps` counts the steps run.
 template <depot::device D>
@@ -124,33 +176,18 @@ bool run_script(long n, const depot::allocator_config& cfg, int& steps)
   depot::stream<D> s2;
   std::vector<void*> live;
   live.reserve(4096);  // the test's own bookkeeping never allocates while armed
-  long left = n;
-  bool failed = false;
+  armed_steps run{n, steps};
 
   // Runs `call` with the countdown armed; a std::bad_alloc is the one allowed failure
   // (not of a free), after which the allocator must be whole and the same call must
   // succeed unarmed.
   const auto step = [&](const char* what, const std::function<void()>& call, bool is_free = false) {
-    ++steps;
-    t_failures = 0;
-    t_countdown = left;
-    bool threw = false;
-    std::string message;
-    try {
-      call();
-    } catch (const std::bad_alloc& e) {
-      threw = true;
-      t_countdown = -1;
-      message = e.what();
-    }
-    const long used = left - t_countdown;  // calls made while armed (+1 for the failed one)
-    t_countdown = -1;
-    if (left >= 0) left = t_failures != 0 ? -1 : left - used;
-    INFO("step ", steps, " (", std::string{what}, "), allocation ", n, " failing", threw ? ": threw " + message : "");
-    CHECK((!threw || t_failures != 0));  // nothing but the injected failure
-    CHECK_FALSE((threw && is_free));      // a free never fails for memory
-    if (t_failures == 0) return;
-    failed = true;
+    const armed_steps::outcome o = run.arm(call);
+    const bool threw = o == armed_steps::outcome::threw;
+    INFO("step ", run.step(), " (", std::string{what}, "), allocation ", n, " failing",
+         threw ? ": threw " + run.message() : "");
+    CHECK_FALSE((threw && is_free));  // a free never fails for memory
+    if (o == armed_steps::outcome::clean) return;
     // The call threw, or it caught the failure and finished another way (a free ordered by
     // synchronising instead of an event): the allocator is whole either way.
     depot::test::check_invariants(a);
@@ -214,6 +251,32 @@ bool run_script(long n, const depot::allocator_config& cfg, int& steps)
     step("the third stream ends", [&] { s3.reset(); }, true);
   }
   for (std::size_t bytes : {std::size_t{4} * KiB, 300 * KiB, 6 * MiB}) allocate("allocate after a stream ended", bytes, s1);
+  // A graph capture (no backend capture runs: the allocator's side of one): a private pool
+  // that takes the capture's allocations, a free that another stream's work must wait for
+  // (its event put off to the capture's end), the capture's end, then its pool released.
+  {
+    std::uint64_t pool = 0;
+    step("begin a capture", [&] { pool = a.begin_capture(s1); });
+    const std::size_t before = live.size();
+    for (std::size_t bytes : {std::size_t{8} * KiB, 700 * KiB, 9 * MiB, 9 * MiB}) {
+      allocate("allocate in a capture", bytes, s1);
+    }
+    step("record_stream in a capture", [&] { a.record_stream(live[before + 2], s2); });
+    void* p = live.back();
+    live.pop_back();
+    step("free in a capture", [&] { a.deallocate(p); }, true);
+    p = live.back();
+    live.pop_back();
+    step("free in a capture, used by another stream", [&] { a.deallocate(p); }, true);
+    step("end the capture", [&] { a.end_capture(s1); });
+    while (live.size() > before) {
+      p = live.back();
+      live.pop_back();
+      step("free a captured block", [&] { a.deallocate(p, s2); }, true);
+    }
+    step("release the capture pool", [&] { a.release_capture_pool(pool); });
+    CHECK(a.capture_pools().empty());
+  }
 
   // Nothing leaks: every block frees, and the cache empties.
   free_some(0);
@@ -230,22 +293,209 @@ bool run_script(long n, const depot::allocator_config& cfg, int& steps)
   CHECK(up->outstanding.load() == 0);  // segments and mapped pages
   CHECK(up->reservations.load() == 0);
   CHECK(up->events.load() == 0);
-  return failed;
+  return run.failed();
+}
+
+// A fixed pool made, filled past its end (its oom handler asked), emptied, defragmented and
+// destroyed, each step armed. A failed construction holds no device memory (the host
+// backend's under the sanitizers' leak check; on a GPU the device's free memory is compared
+// by the caller), a failed call changes nothing and succeeds when tried again.
+template <depot::device D>
+bool run_fixed_pool(long n, int& steps)
+{
+  armed_steps run{n, steps};
+  constexpr std::size_t k_blocks = 64;
+  constexpr std::size_t k_block = 64 * KiB;
+  std::optional<depot::fixed_pool<D>> fp;
+  std::vector<void*> live;
+  live.reserve(k_blocks);
+  // Its statistics against the test's own count of live blocks.
+  const auto whole = [&] {
+    const depot::fixed_pool_stats st = fp->get_stats();
+    CHECK(st.used_blocks == live.size());
+    CHECK(st.free_blocks == k_blocks - live.size());
+    CHECK(st.total_blocks == k_blocks);
+  };
+  const auto step = [&](const char* what, const std::function<void()>& call, bool is_free = false) {
+    const armed_steps::outcome o = run.arm(call);
+    const bool threw = o == armed_steps::outcome::threw;
+    INFO("fixed_pool step ", run.step(), " (", std::string{what}, "), allocation ", n, " failing",
+         threw ? ": threw " + run.message() : "");
+    CHECK_FALSE((threw && is_free));
+    if (o == armed_steps::outcome::clean) return;
+    if (fp) whole();
+    if (threw) CHECK_NOTHROW(call());
+    if (fp) whole();
+  };
+  step("construct", [&] { fp.emplace(k_blocks * k_block, k_block); });
+  int handler_calls = 0;
+  for (std::size_t i = 0; i < k_blocks; ++i) step("allocate", [&] { live.push_back(fp->allocate()); });
+  step("get_stats", [&] { (void)fp->get_stats(); });
+  // Exhausted: out_of_memory (a std::bad_alloc of its own, not the injected failure's), the
+  // pool unchanged, with and without a handler (which declines).
+  const auto exhausted = [&] {
+    try {
+      (void)fp->allocate();
+      FAIL("a full fixed pool handed out a block");
+    } catch (const depot::out_of_memory&) {  // the pool is full (or its message ran out of memory)
+    }
+  };
+  step("allocate from a full pool", exhausted);
+  step("set an oom handler", [&] {
+    fp->set_oom_handler([&](const depot::out_of_memory&, unsigned) {
+      ++handler_calls;
+      return false;
+    });
+  });
+  step("allocate from a full pool, with a handler", exhausted);
+  for (std::size_t i = 0; i < k_blocks; i += 2) {  // every other block: the free runs fragment
+    void* p = live[i];
+    step("deallocate", [&] { fp->deallocate(p); }, true);
+    live[i] = nullptr;
+  }
+  std::erase(live, nullptr);
+  step("defragment", [&] { fp->defragment(); });
+  step("get_stats", [&] { (void)fp->get_stats(); });
+  while (!live.empty()) {
+    void* p = live.back();
+    step("deallocate", [&] { fp->deallocate(p); }, true);
+    live.pop_back();
+  }
+  whole();
+  CHECK(handler_calls >= 1);
+  step("destroy", [&] { fp.reset(); }, true);
+  return run.failed();
+}
+
+// The C interface: every call turns the failure into DEPOT_ERROR_OUT_OF_MEMORY (never an
+// exception through C, never std::terminate), leaves the allocator whole, and succeeds when
+// called again; frees always succeed.
+
+template <depot::device D>
+bool run_c_api(long n, int& steps)
+{
+  armed_steps run{n, steps};
+  const auto k = static_cast<depot_device_kind>(static_cast<int>(D::kind));
+  depot::stream<D> s1;
+  depot::stream<D> s2;
+  void* const n1 = reinterpret_cast<void*>(s1.native());
+  void* const n2 = reinterpret_cast<void*>(s2.native());
+  std::vector<void*> live;
+  live.reserve(64);
+  std::vector<char> text(1 << 20);
+  // The global pools the C interface uses: whole after every failure.
+  const auto whole = [&] {
+    depot::test::check_invariants(depot::pool<D>(0));
+    depot::test::check_invariants(depot::pinned_pool<D>(0));
+  };
+  const auto call = [&](const char* what, const std::function<depot_status()>& f, bool is_free = false) {
+    depot_status st = DEPOT_SUCCESS;
+    const armed_steps::outcome o = run.arm([&] { st = f(); });
+    INFO("C step ", run.step(), " (", std::string{what}, "), allocation ", n, " failing: ", depot_status_name(st),
+         " ", std::string{st == DEPOT_SUCCESS ? "" : depot_last_error()});
+    CHECK(o != armed_steps::outcome::threw);  // nothing is thrown through the C interface
+    if (o == armed_steps::outcome::clean || is_free) {
+      CHECK(st == DEPOT_SUCCESS);  // a free never fails; without the failure nothing does
+    } else {
+      CHECK((st == DEPOT_SUCCESS || st == DEPOT_ERROR_OUT_OF_MEMORY));
+    }
+    if (o == armed_steps::outcome::clean) return;
+    whole();
+    if (st != DEPOT_SUCCESS) CHECK(f() == DEPOT_SUCCESS);  // the same call again
+    whole();
+  };
+  const auto allocate = [&](const char* what, std::size_t bytes, void* stream) {
+    call(what, [&] {
+      void* p = nullptr;
+      const depot_status st = depot_allocate(k, 0, bytes, stream, &p);
+      if (st == DEPOT_SUCCESS) live.push_back(p);
+      return st;
+    });
+  };
+
+  call("set_trace_capacity", [&] { return depot_set_trace_capacity(k, 0, 16); });
+  for (std::size_t bytes : {std::size_t{100}, 200 * KiB, 2 * MiB, 30 * MiB}) allocate("allocate", bytes, n1);
+  allocate("allocate on a second stream", 5 * MiB, n2);
+  call("record_stream", [&] { return depot_record_stream(k, 0, live[1], n2); });
+  depot_memory_stats stats{};
+  call("get_memory_stats", [&] { return depot_get_memory_stats(k, 0, &stats); });
+  std::size_t length = 0;
+  call("memory_summary", [&] { return depot_memory_summary(k, 0, text.data(), text.size(), &length); });
+  call("memory_snapshot_json", [&] { return depot_memory_snapshot_json(k, 0, text.data(), text.size(), &length); });
+  call("trace_json", [&] { return depot_trace_json(k, 0, text.data(), text.size(), &length); });
+  call("set_oom_handler", [&] {
+    return depot_set_oom_handler(k, 0, [](const char*, size_t, unsigned, void*) { return 0; }, nullptr);
+  });
+  call("remove the oom handler", [&] { return depot_set_oom_handler(k, 0, nullptr, nullptr); });
+  void* pinned = nullptr;
+  call("allocate_pinned", [&] { return depot_allocate_pinned(k, 0, 96 * KiB, n1, &pinned); });
+  call("deallocate_pinned", [&] { return depot_deallocate_pinned(k, 0, pinned); }, true);
+  depot_fixed_pool* fp = nullptr;
+  call("fixed_pool_create", [&] { return depot_fixed_pool_create(k, 0, 16 * 4 * KiB, 4 * KiB, &fp); });
+  void* fb = nullptr;
+  call("fixed_pool_allocate", [&] { return depot_fixed_pool_allocate(fp, &fb); });
+  depot_fixed_pool_stats fstats{};
+  call("fixed_pool_get_stats", [&] { return depot_fixed_pool_get_stats(fp, &fstats); });
+  call("fixed_pool_deallocate", [&] { return depot_fixed_pool_deallocate(fp, fb); }, true);
+  call("fixed_pool_defragment", [&] { return depot_fixed_pool_defragment(fp); });
+  call("fixed_pool_destroy", [&] { return depot_fixed_pool_destroy(fp); }, true);
+  std::uint64_t capture = 0;
+  call("begin_capture", [&] { return depot_begin_capture(k, 0, n2, 0, &capture); });
+  allocate("allocate in a capture", 3 * MiB, n2);
+  call("end_capture", [&] { return depot_end_capture(k, 0, n2); });
+  call("deallocate a captured block", [&] {
+    const depot_status st = depot_deallocate(k, 0, live.back());
+    live.pop_back();
+    return st;
+  }, true);
+  call("release_capture_pool", [&] { return depot_release_capture_pool(k, 0, capture); });
+  call("deallocate_on another stream", [&] {
+    const depot_status st = depot_deallocate_on(k, 0, live.back(), n1);
+    live.pop_back();
+    return st;
+  }, true);
+  while (!live.empty()) {
+    call("deallocate", [&] {
+      const depot_status st = depot_deallocate(k, 0, live.back());
+      live.pop_back();
+      return st;
+    }, true);
+  }
+  s1.synchronize();
+  s2.synchronize();
+  call("empty_cache", [&] { return depot_empty_cache(k, 0); });
+  call("reset_peak_stats", [&] { return depot_reset_peak_stats(k, 0); });
+  call("reset_memory_stats", [&] { return depot_reset_memory_stats(k, 0); });
+  call("set_trace_capacity 0", [&] { return depot_set_trace_capacity(k, 0, 0); });
+  whole();
+  CHECK(depot::pool<D>(0).stats().allocated_bytes.all.current == 0);
+  CHECK(depot::pool<D>(0).stats().reserved_bytes.all.current == 0);
+  CHECK(depot::pinned_pool<D>(0).stats().allocated_bytes.all.current == 0);
+  return run.failed();
+}
+
+// Runs `script(n, steps)` for n = 0, 1, ... until a run gets through with nothing failed
+// (or once, for DEPOT_FAIL_ALLOCATION=n); at least `fewest` failure points are expected.
+template <class Script>
+void every_failure(Script script, long fewest)
+{
+  int steps = 0;
+  long n = 0;
+  if (const char* only = std::getenv("DEPOT_FAIL_ALLOCATION")) {  // one n, to debug it
+    (void)script(std::atol(only), steps);
+    return;
+  }
+  for (; script(n, steps); ++n) {
+  }
+  MESSAGE("each of ", n, " host allocations failed in turn, over ", steps, " steps");
+  CHECK(n >= fewest);
 }
 
 template <depot::device D>
 void every_failure(const depot::allocator_config& cfg)
 {
-  int steps = 0;
-  long n = 0;
-  if (const char* only = std::getenv("DEPOT_FAIL_ALLOCATION")) {  // one n, to debug it
-    (void)run_script<D>(std::atol(only), cfg, steps);
-    return;
-  }
-  for (; run_script<D>(n, cfg, steps); ++n) {
-  }
-  MESSAGE("each of ", n, " host allocations failed in turn, over ", steps, " steps");
-  CHECK(n > 500);  // the script reaches the bookkeeping's growth (~1 100 host allocations on the host backend)
+  // The script reaches the bookkeeping's growth (~1 100 host allocations on the host backend).
+  every_failure([&](long n, int& steps) { return run_script<D>(n, cfg, steps); }, 500);
 }
 
 }  // namespace
@@ -259,4 +509,20 @@ TEST_CASE_TEMPLATE("pool: every host allocation of the allocator's bookkeeping f
     cfg.expandable_segments = true;
     every_failure<D>(cfg);
   }
+}
+
+TEST_CASE_TEMPLATE("pool: every host allocation of a fixed pool fails in turn", D, DEPOT_TEST_DEVICES)
+{
+  // On a GPU, a construction that failed must not keep its device memory: the device's free
+  // memory after the runs is what it was after one unarmed run (4 MiB each, so a leak shows).
+  int steps = 0;
+  (void)run_fixed_pool<D>(-1, steps);
+  const std::size_t before = depot::get_memory_info<D>(0).free_bytes;
+  every_failure([](long n, int& s) { return run_fixed_pool<D>(n, s); }, 3);
+  if constexpr (depot::is_gpu_v<D>) CHECK(depot::get_memory_info<D>(0).free_bytes + 2 * MiB >= before);
+}
+
+TEST_CASE_TEMPLATE("pool: every host allocation behind the C interface fails in turn", D, DEPOT_TEST_DEVICES)
+{
+  every_failure([](long n, int& s) { return run_c_api<D>(n, s); }, 50);
 }

@@ -65,10 +65,12 @@ class fixed_pool {
                       " is smaller than one block of " + std::to_string(block_size_) + " bytes");
     blocks_ = pool_size / block_size_;
     pool_size_ = blocks_ * block_size_;
-    base_ = static_cast<std::byte*>(runtime<D>::allocate(pool_size_, device));
+    // The bookkeeping first: were the device memory taken before it, a std::bad_alloc
+    // here would leave the constructor with the memory held and no destructor to free it.
     used_.assign(blocks_, false);
     free_.reserve(blocks_);
     for (std::size_t i = blocks_; i-- > 0;) free_.push_back(i);  // lowest address first
+    base_ = static_cast<std::byte*>(runtime<D>::allocate(pool_size_, device));
   }
   fixed_pool(const fixed_pool&) = delete;
   fixed_pool& operator=(const fixed_pool&) = delete;
