@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // Part of depot: the memory layer for host, CUDA and HIP tensor data.
-// Reading traces (depot.trace.v1 JSON, RMM's CSV log) and snapshots back from files. The
-// trace JSON is read with a SAX handler: a trace of a million events never becomes a DOM.
+// Reading traces (depot.trace.v1 JSON, RMM's CSV log) and snapshots back from files. Both
+// JSON formats are read with SAX handlers: a trace of a million events never becomes a DOM,
+// and no DOM is freed while host memory runs out (its destructor would allocate).
 #include <depot/hal/invalid_argument.hpp>
 #include <depot/pool/trace_file.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <charconv>
 #include <cstdint>
@@ -59,6 +61,14 @@ std::string json_reason(const std::string& what)
 {
   const auto at = what.find("syntax error");
   return at == std::string::npos ? what : what.substr(at);
+}
+
+// Where and why nlohmann's SAX parser stopped at byte `position` of `text`.
+std::string syntax_error(std::string_view text, std::size_t position, const std::exception& ex)
+{
+  std::string msg = line_column(text, position > 0 ? position - 1 : 0) + ": invalid JSON: " + json_reason(ex.what());
+  if (position >= text.size()) msg += " (the file ends early: truncated?)";
+  return msg;
 }
 
 std::string_view trim(std::string_view s)
@@ -416,8 +426,7 @@ class trace_sax {
   }
   bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& ex)
   {
-    std::string msg = line_column(text_, position > 0 ? position - 1 : 0) + ": invalid JSON: " + json_reason(ex.what());
-    if (position >= text_.size()) msg += " (the file ends early: truncated?)";
+    std::string msg = syntax_error(text_, position, ex);
     if (where_ == where::event || where_ == where::event_value) {
       msg += " (inside event " + std::to_string(out_.events.size()) + ")";
     }
@@ -530,32 +539,381 @@ recorded_trace parse_trace_json(std::string_view text, std::string_view name)
 }
 
 // ---------------------------------------------------------------------------------------
-// depot.snapshot.v1
+// depot.snapshot.v1, through nlohmann's SAX interface as well: a DOM's destructor allocates
+// (nlohmann flattens nested values onto a heap stack), so a document freed while host
+// memory runs out would end in std::terminate; this reader builds the snapshot as it goes
+// and throws std::bad_alloc like any other call.
 
 [[noreturn]] void snapshot_fail(std::string_view name, const std::string& where_what)
 {
   throw invalid_argument("depot: snapshot file " + std::string{name} + ": " + where_what);
 }
 
-std::uint64_t get_unsigned(const nlohmann::json& obj, const char* key, const std::string& where,
-                           std::string_view name)
-{
-  const auto it = obj.find(key);
-  if (it == obj.end()) snapshot_fail(name, where + "required field '" + key + "' is missing");
-  if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<std::int64_t>() >= 0)) {
-    snapshot_fail(name, where + "field '" + key + "': expected a non-negative integer, got " + it->dump());
-  }
-  return it->get<std::uint64_t>();
-}
+// A field's value as read: its kind, and its text for messages (a nested value: "an object").
+struct field_value {
+  enum class kind { none, unsigned_int, boolean, string, other } k = kind::none;
+  std::uint64_t u = 0;
+  bool b = false;
+  std::string s;
+  std::string text;
+};
 
-std::string get_string(const nlohmann::json& obj, const char* key, const std::string& where,
-                       std::string_view name)
-{
-  const auto it = obj.find(key);
-  if (it == obj.end()) snapshot_fail(name, where + "required field '" + key + "' is missing");
-  if (!it->is_string()) snapshot_fail(name, where + "field '" + key + "': expected a string, got " + it->dump());
-  return it->get<std::string>();
-}
+class snapshot_sax {
+ public:
+  using json = nlohmann::json;
+
+  snapshot_sax(std::string_view text, std::string_view name) : text_{text}, name_{name} {}
+
+  allocator_snapshot take()
+  {
+    if (where_ != where::done) sfail("expected a JSON object");
+    check_header(true);
+    if (!saw_segments_) sfail("required field 'segments' is missing");
+    return std::move(snap_);
+  }
+
+  // ---- the SAX interface ----
+  bool null() { return scalar(field_value::kind::other, "null", "null"); }
+  bool boolean(bool v)
+  {
+    value_.b = v;
+    return scalar(field_value::kind::boolean, v ? "true" : "false", "boolean");
+  }
+  bool number_integer(json::number_integer_t v)
+  {
+    value_.u = static_cast<std::uint64_t>(v);
+    return scalar(v >= 0 ? field_value::kind::unsigned_int : field_value::kind::other, std::to_string(v), "number");
+  }
+  bool number_unsigned(json::number_unsigned_t v)
+  {
+    value_.u = v;
+    return scalar(field_value::kind::unsigned_int, std::to_string(v), "number");
+  }
+  bool number_float(json::number_float_t, const json::string_t& s)
+  {
+    return scalar(field_value::kind::other, s, "number");
+  }
+  bool string(json::string_t& s)
+  {
+    value_.s = s;
+    return scalar(field_value::kind::string, "\"" + s + "\"", "string");
+  }
+  bool binary(json::binary_t&) { return scalar(field_value::kind::other, "binary", "binary"); }
+
+  bool start_object(std::size_t) { return nested("object"); }
+  bool start_array(std::size_t) { return nested("array"); }
+  bool end_object()
+  {
+    if (skip_ > 0) {
+      --skip_;
+      return true;
+    }
+    if (where_ == where::block) {
+      finish_block();
+      where_ = where::blocks;
+    } else if (where_ == where::segment) {
+      finish_segment();
+      where_ = where::segments;
+    } else if (where_ == where::top) {
+      where_ = where::done;
+    }
+    return true;
+  }
+  bool end_array()
+  {
+    if (skip_ > 0) {
+      --skip_;
+      return true;
+    }
+    if (where_ == where::segments) where_ = where::top;
+    if (where_ == where::blocks) where_ = where::segment;
+    return true;
+  }
+  bool key(json::string_t& k)
+  {
+    if (skip_ > 0) return true;
+    const auto index = [&](const auto& names) {
+      for (std::size_t i = 0; i < names.size(); ++i) {
+        if (k == names[i]) return static_cast<int>(i);
+      }
+      return -1;
+    };
+    if (where_ == where::top) {
+      key_ = k == "segments" ? k_array : index(top_names);
+      where_ = where::top_value;
+    } else if (where_ == where::segment) {
+      key_ = k == "blocks" ? k_array : index(segment_names);
+      where_ = where::segment_value;
+    } else if (where_ == where::block) {
+      key_ = index(block_names);
+      where_ = where::block_value;
+    }
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& ex)
+  {
+    sfail(syntax_error(text_, position, ex));
+  }
+
+ private:
+  enum class where { start, top, top_value, segments, segment, segment_value, blocks, block, block_value, done };
+  static constexpr int k_array = -2;  // the key of the level's array ("segments", "blocks")
+  static constexpr std::array<const char*, 2> top_names{"format", "device"};
+  enum : std::size_t { t_format, t_device };
+  static constexpr std::array<const char*, 8> segment_names{
+      "address", "size", "stream", "pool", "exported", "importers", "capture_pool", "reserved_addresses"};
+  enum : std::size_t { s_address, s_size, s_stream, s_pool, s_exported, s_importers, s_capture_pool, s_reserved };
+  static constexpr std::array<const char*, 4> block_names{"address", "size", "requested", "state"};
+  enum : std::size_t { b_address, b_size, b_requested, b_state };
+
+  [[noreturn]] void sfail(const std::string& msg) const { snapshot_fail(name_, msg); }
+  std::string segment_where() const { return "segment " + std::to_string(snap_.segments.size()) + ": "; }
+  std::string block_where(std::size_t bi) const { return segment_where() + "block " + std::to_string(bi) + ": "; }
+
+  // The value of `key` in the object being read, into its field (the last one when a key
+  // appears twice, as a DOM keeps it).
+  void keep(field_value& f, field_value::kind k, std::string text)
+  {
+    f.k = k;
+    f.u = value_.u;
+    f.b = value_.b;
+    f.s = std::move(value_.s);
+    f.text = std::move(text);
+  }
+  void keep_in(field_value::kind k, std::string text)
+  {
+    if (key_ < 0) return;  // an unknown key: skipped
+    const auto i = static_cast<std::size_t>(key_);
+    switch (where_) {
+      case where::top_value: keep(top_[i], k, std::move(text)); break;
+      case where::segment_value: keep(segment_[i], k, std::move(text)); break;
+      case where::block_value: keep(block_[i], k, std::move(text)); break;
+      default: break;
+    }
+  }
+
+  bool scalar(field_value::kind k, std::string text, const char* type)
+  {
+    if (skip_ > 0) return true;
+    switch (where_) {
+      case where::start: sfail("expected a JSON object, got " + std::string{type});
+      case where::top_value:
+        if (key_ == k_array) sfail("field 'segments': expected an array, got " + std::string{type});
+        keep_in(k, std::move(text));
+        where_ = where::top;
+        return true;
+      case where::segments: sfail(segment_where() + "expected an object, got " + type);
+      case where::segment_value:
+        if (key_ == k_array) sfail(segment_where() + "field 'blocks': expected an array, got " + type);
+        keep_in(k, std::move(text));
+        where_ = where::segment;
+        return true;
+      case where::blocks: sfail(block_where(blocks_.size()) + "expected an object, got " + type);
+      case where::block_value:
+        keep_in(k, std::move(text));
+        where_ = where::block;
+        return true;
+      default: return true;
+    }
+  }
+
+  // An object or array begins.
+  bool nested(const char* type)
+  {
+    if (skip_ > 0) {
+      ++skip_;
+      return true;
+    }
+    const bool object = type[0] == 'o';
+    const std::string an = std::string{"an "} + type;
+    switch (where_) {
+      case where::start:
+        if (!object) sfail("expected a JSON object, got " + std::string{type});
+        where_ = where::top;
+        return true;
+      case where::top_value:
+        if (key_ == k_array) {
+          if (object) sfail("field 'segments': expected an array, got object");
+          check_header(false);
+          saw_segments_ = true;
+          where_ = where::segments;
+          return true;
+        }
+        keep_in(field_value::kind::other, an);
+        where_ = where::top;
+        break;
+      case where::segments:
+        if (!object) sfail(segment_where() + "expected an object, got array");
+        segment_ = {};
+        blocks_.clear();
+        saw_blocks_ = false;
+        where_ = where::segment;
+        return true;
+      case where::segment_value:
+        if (key_ == k_array) {
+          if (object) sfail(segment_where() + "field 'blocks': expected an array, got object");
+          saw_blocks_ = true;
+          where_ = where::blocks;
+          return true;
+        }
+        keep_in(field_value::kind::other, an);
+        where_ = where::segment;
+        break;
+      case where::blocks:
+        if (!object) sfail(block_where(blocks_.size()) + "expected an object, got array");
+        block_ = {};
+        where_ = where::block;
+        return true;
+      case where::block_value:
+        keep_in(field_value::kind::other, an);
+        where_ = where::block;
+        break;
+      default: return true;
+    }
+    skip_ = 1;  // its content is skipped
+    return true;
+  }
+
+  std::uint64_t need_unsigned(const field_value& v, const char* key, const std::string& where) const
+  {
+    if (v.k == field_value::kind::none) sfail(where + "required field '" + key + "' is missing");
+    if (v.k != field_value::kind::unsigned_int) {
+      sfail(where + "field '" + key + "': expected a non-negative integer, got " + v.text);
+    }
+    return v.u;
+  }
+  const std::string& need_string(const field_value& v, const char* key, const std::string& where) const
+  {
+    if (v.k == field_value::kind::none) sfail(where + "required field '" + key + "' is missing");
+    if (v.k != field_value::kind::string) sfail(where + "field '" + key + "': expected a string, got " + v.text);
+    return v.s;
+  }
+
+  // The top level's fields, once they are read (`final`: at its end, when they must be).
+  void check_header(bool final)
+  {
+    if (checked_header_) return;
+    if (!final && (top_[t_format].k == field_value::kind::none || top_[t_device].k == field_value::kind::none)) return;
+    const std::string& format = need_string(top_[t_format], "format", "");
+    if (format != "depot.snapshot.v1") {
+      sfail("\"format\" is " + shown(format) + ", expected 'depot.snapshot.v1'" +
+            (format == "depot.trace.v1" ? " (this is a trace, not a snapshot)" : ""));
+    }
+    const std::string& dev = need_string(top_[t_device], "device", "");
+    try {
+      snap_.device = device_id::parse(dev);
+    } catch (const std::bad_alloc&) {
+      throw;
+    } catch (const std::exception& e) {
+      sfail("field 'device': " + std::string{e.what()});
+    }
+    checked_header_ = true;
+  }
+
+  void finish_block()
+  {
+    const std::string bw = block_where(blocks_.size());
+    block_info blk;
+    blk.address = static_cast<std::uintptr_t>(need_unsigned(block_[b_address], "address", bw));
+    blk.size = static_cast<std::size_t>(need_unsigned(block_[b_size], "size", bw));
+    blk.requested = static_cast<std::size_t>(need_unsigned(block_[b_requested], "requested", bw));
+    const std::string& st = need_string(block_[b_state], "state", bw);
+    if (st == "allocated") {
+      blk.state = block_state::allocated;
+    } else if (st == "pending_free") {
+      blk.state = block_state::pending_free;
+    } else if (st == "free") {
+      blk.state = block_state::free;
+    } else if (st == "unmapped") {
+      blk.state = block_state::unmapped;
+    } else {
+      sfail(bw + "field 'state': expected allocated, pending_free, free or unmapped, got " + shown(st));
+    }
+    blocks_.push_back(blk);
+  }
+
+  void finish_segment()
+  {
+    const std::string sw = segment_where();
+    segment_info seg;
+    seg.address = static_cast<std::uintptr_t>(need_unsigned(segment_[s_address], "address", sw));
+    seg.size = static_cast<std::size_t>(need_unsigned(segment_[s_size], "size", sw));
+    seg.stream = static_cast<std::uintptr_t>(need_unsigned(segment_[s_stream], "stream", sw));
+    const std::string& pool = need_string(segment_[s_pool], "pool", sw);
+    if (pool != "small" && pool != "large") {
+      sfail(sw + "field 'pool': expected \"small\" or \"large\", got " + shown(pool));
+    }
+    seg.small_pool = pool == "small";
+    // Optional (files before them lack them):
+    if (const field_value& ex = segment_[s_exported]; ex.k != field_value::kind::none) {
+      if (ex.k != field_value::kind::boolean) sfail(sw + "field 'exported': expected true or false, got " + ex.text);
+      seg.exported = ex.b;
+    }
+    if (const field_value& im = segment_[s_importers]; im.k != field_value::kind::none) {
+      if (im.k != field_value::kind::unsigned_int || im.u > std::numeric_limits<std::int64_t>::max()) {
+        sfail(sw + "field 'importers': expected a non-negative integer, got " + im.text);
+      }
+      seg.importers = static_cast<std::int64_t>(im.u);
+    }
+    if (const field_value& cp = segment_[s_capture_pool]; cp.k != field_value::kind::none) {
+      if (cp.k != field_value::kind::unsigned_int) {
+        sfail(sw + "field 'capture_pool': expected a non-negative integer, got " + cp.text);
+      }
+      seg.capture_pool = cp.u;
+    }
+    if (const field_value& rv = segment_[s_reserved]; rv.k != field_value::kind::none) {
+      if (rv.k != field_value::kind::unsigned_int) {
+        sfail(sw + "field 'reserved_addresses': expected a non-negative integer, got " + rv.text);
+      }
+      seg.reserved = static_cast<std::size_t>(rv.u);
+    }
+    if (!saw_blocks_) sfail(sw + "required field 'blocks' is missing");
+    std::uint64_t covered = 0, mapped = 0;  // bytes tiled, and of them mapped (not unmapped blocks)
+    for (std::size_t bi = 0; bi < blocks_.size(); ++bi) {
+      const block_info& blk = blocks_[bi];
+      const std::string bw = block_where(bi);
+      if (blk.state == block_state::unmapped && seg.reserved == 0) {
+        sfail(bw + "an unmapped block outside an expandable segment (no reserved_addresses)");
+      }
+      if (blk.address < seg.address || blk.address - seg.address != covered) {
+        sfail(bw + "address " + std::to_string(blk.address) + " does not follow the previous block (expected " +
+              std::to_string(seg.address + covered) + "): blocks must tile their segment in address order");
+      }
+      if (blk.state != block_state::unmapped) {
+        if (blk.size > seg.size - mapped) {
+          sfail(bw + "the block ends past its segment's " + std::to_string(seg.size) + " bytes");
+        }
+        mapped += blk.size;
+      } else if (blk.size > seg.reserved - covered) {
+        sfail(bw + "the unmapped block ends past its segment's " + std::to_string(seg.reserved) +
+              " reserved addresses");
+      }
+      covered += blk.size;
+    }
+    if (mapped != seg.size) {
+      sfail(sw + "blocks cover " + std::to_string(mapped) + " of the segment's " + std::to_string(seg.size) +
+            " bytes (blocks must tile their segment; unmapped blocks aside)");
+    }
+    seg.blocks = std::move(blocks_);
+    blocks_ = {};
+    snap_.segments.push_back(std::move(seg));
+  }
+
+  std::string_view text_;
+  std::string_view name_;
+  allocator_snapshot snap_;
+  where where_ = where::start;
+  int skip_ = 0;
+  int key_ = -1;
+  field_value value_;  // the scalar being read
+  std::array<field_value, top_names.size()> top_;
+  std::array<field_value, segment_names.size()> segment_;
+  std::array<field_value, block_names.size()> block_;
+  std::vector<block_info> blocks_;  // the segment's so far
+  bool saw_segments_ = false;
+  bool saw_blocks_ = false;
+  bool checked_header_ = false;
+};
 
 }  // namespace
 
@@ -605,114 +963,9 @@ recorded_trace read_trace(const std::filesystem::path& file)
 
 allocator_snapshot parse_snapshot(std::string_view text, std::string_view name)
 {
-  auto sfail = [&](const std::string& msg) { snapshot_fail(name, msg); };
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::parse_error& e) {
-    std::string msg = line_column(text, e.byte > 0 ? e.byte - 1 : 0) + ": invalid JSON: " + json_reason(e.what());
-    if (e.byte >= text.size()) msg += " (the file ends early: truncated?)";
-    sfail(msg);
-  }
-  if (!j.is_object()) sfail("expected a JSON object, got " + std::string{j.type_name()});
-  allocator_snapshot snap;
-  const std::string format = get_string(j, "format", "", name);
-  if (format != "depot.snapshot.v1") {
-    sfail("\"format\" is " + shown(format) + ", expected 'depot.snapshot.v1'" +
-          (format == "depot.trace.v1" ? " (this is a trace, not a snapshot)" : ""));
-  }
-  const std::string dev = get_string(j, "device", "", name);
-  try {
-    snap.device = device_id::parse(dev);
-  } catch (const std::exception& e) {
-    sfail("field 'device': " + std::string{e.what()});
-  }
-  const auto segs = j.find("segments");
-  if (segs == j.end()) sfail("required field 'segments' is missing");
-  if (!segs->is_array()) sfail("field 'segments': expected an array, got " + std::string{segs->type_name()});
-  for (std::size_t si = 0; si < segs->size(); ++si) {
-    const nlohmann::json& s = (*segs)[si];
-    const std::string sw = "segment " + std::to_string(si) + ": ";
-    if (!s.is_object()) sfail(sw + "expected an object, got " + std::string{s.type_name()});
-    segment_info seg;
-    seg.address = static_cast<std::uintptr_t>(get_unsigned(s, "address", sw, name));
-    seg.size = static_cast<std::size_t>(get_unsigned(s, "size", sw, name));
-    seg.stream = static_cast<std::uintptr_t>(get_unsigned(s, "stream", sw, name));
-    const std::string pool = get_string(s, "pool", sw, name);
-    if (pool != "small" && pool != "large") {
-      sfail(sw + "field 'pool': expected \"small\" or \"large\", got " + shown(pool));
-    }
-    seg.small_pool = pool == "small";
-    if (const auto ex = s.find("exported"); ex != s.end()) {  // optional: files before it lack it
-      if (!ex->is_boolean()) sfail(sw + "field 'exported': expected true or false, got " + ex->dump());
-      seg.exported = ex->get<bool>();
-    }
-    if (const auto im = s.find("importers"); im != s.end()) {  // optional: files before it lack it
-      if (!im->is_number_integer() || im->get<std::int64_t>() < 0) {
-        sfail(sw + "field 'importers': expected a non-negative integer, got " + im->dump());
-      }
-      seg.importers = im->get<std::int64_t>();
-    }
-    if (const auto cp = s.find("capture_pool"); cp != s.end()) {  // optional: files before it lack it
-      if (!cp->is_number_unsigned()) {
-        sfail(sw + "field 'capture_pool': expected a non-negative integer, got " + cp->dump());
-      }
-      seg.capture_pool = cp->get<std::uint64_t>();
-    }
-    if (const auto rv = s.find("reserved_addresses"); rv != s.end()) {  // optional: files before it lack it
-      if (!rv->is_number_unsigned()) {
-        sfail(sw + "field 'reserved_addresses': expected a non-negative integer, got " + rv->dump());
-      }
-      seg.reserved = rv->get<std::size_t>();
-    }
-    const auto blocks = s.find("blocks");
-    if (blocks == s.end()) sfail(sw + "required field 'blocks' is missing");
-    if (!blocks->is_array()) sfail(sw + "field 'blocks': expected an array, got " + std::string{blocks->type_name()});
-    std::uint64_t covered = 0, mapped = 0;  // bytes tiled, and of them mapped (not unmapped blocks)
-    for (std::size_t bi = 0; bi < blocks->size(); ++bi) {
-      const nlohmann::json& b = (*blocks)[bi];
-      const std::string bw = sw + "block " + std::to_string(bi) + ": ";
-      if (!b.is_object()) sfail(bw + "expected an object, got " + std::string{b.type_name()});
-      block_info blk;
-      blk.address = static_cast<std::uintptr_t>(get_unsigned(b, "address", bw, name));
-      blk.size = static_cast<std::size_t>(get_unsigned(b, "size", bw, name));
-      blk.requested = static_cast<std::size_t>(get_unsigned(b, "requested", bw, name));
-      const std::string st = get_string(b, "state", bw, name);
-      if (st == "allocated") {
-        blk.state = block_state::allocated;
-      } else if (st == "pending_free") {
-        blk.state = block_state::pending_free;
-      } else if (st == "free") {
-        blk.state = block_state::free;
-      } else if (st == "unmapped") {
-        blk.state = block_state::unmapped;
-        if (seg.reserved == 0) sfail(bw + "an unmapped block outside an expandable segment (no reserved_addresses)");
-      } else {
-        sfail(bw + "field 'state': expected allocated, pending_free, free or unmapped, got " + shown(st));
-      }
-      if (blk.address < seg.address || blk.address - seg.address != covered) {
-        sfail(bw + "address " + std::to_string(blk.address) + " does not follow the previous block (expected " +
-              std::to_string(seg.address + covered) + "): blocks must tile their segment in address order");
-      }
-      if (blk.state != block_state::unmapped) {
-        if (blk.size > seg.size - mapped) {
-          sfail(bw + "the block ends past its segment's " + std::to_string(seg.size) + " bytes");
-        }
-        mapped += blk.size;
-      } else if (blk.size > seg.reserved - covered) {
-        sfail(bw + "the unmapped block ends past its segment's " + std::to_string(seg.reserved) +
-              " reserved addresses");
-      }
-      covered += blk.size;
-      seg.blocks.push_back(blk);
-    }
-    if (mapped != seg.size) {
-      sfail(sw + "blocks cover " + std::to_string(mapped) + " of the segment's " + std::to_string(seg.size) +
-            " bytes (blocks must tile their segment; unmapped blocks aside)");
-    }
-    snap.segments.push_back(std::move(seg));
-  }
-  return snap;
+  snapshot_sax sax{text, name};
+  nlohmann::json::sax_parse(text.begin(), text.end(), &sax);
+  return sax.take();
 }
 
 allocator_snapshot read_snapshot(const std::filesystem::path& file)

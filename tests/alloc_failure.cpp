@@ -33,6 +33,7 @@
 #include <depot/pool/caching_allocator.hpp>
 #include <depot/pool/fixed_pool.hpp>
 #include <depot/pool/pool.hpp>
+#include <depot/pool/trace_file.hpp>
 #include <depot/config.hpp>
 
 #include <cstddef>
@@ -474,6 +475,45 @@ bool run_c_api(long n, int& steps)
   return run.failed();
 }
 
+// Reading snapshots and traces back (trace_file.hpp, the tools' input) and writing them:
+// each call completes with what an unarmed call gives, or throws std::bad_alloc (never
+// std::terminate: no JSON document is freed while memory runs out).
+struct written_files {
+  std::string snapshot;
+  std::string trace;
+  std::string csv;
+  std::string trace_again;  // parse_trace(trace).to_json() (its keys in the reader's order)
+};
+
+bool run_readers(long n, int& steps, const written_files& files)
+{
+  armed_steps run{n, steps};
+  const auto step = [&](const char* what, const std::function<void()>& call) {
+    const armed_steps::outcome o = run.arm(call);
+    INFO("reader step ", run.step(), " (", std::string{what}, "), allocation ", n, " failing");
+    if (o == armed_steps::outcome::threw) CHECK_NOTHROW(call());
+  };
+  // (the checks outside the armed calls: doctest's own allocations are not to fail)
+  std::string text;
+  step("parse a snapshot", [&] { text = depot::parse_snapshot(files.snapshot).to_json(); });
+  CHECK(text == files.snapshot);
+  step("parse a trace", [&] { text = depot::parse_trace(files.trace).to_json(); });
+  CHECK(text == files.trace_again);
+  std::size_t events = 0;
+  step("parse an RMM log", [&] { events = depot::parse_trace(files.csv).events.size(); });
+  CHECK(events == 4);
+  bool refused = false;
+  step("a bad snapshot", [&] {
+    try {
+      (void)depot::parse_snapshot(std::string_view{files.snapshot}.substr(0, files.snapshot.size() / 2));
+    } catch (const depot::invalid_argument&) {
+      refused = true;
+    }
+  });
+  CHECK(refused);
+  return run.failed();
+}
+
 // Runs `script(n, steps)` for n = 0, 1, ... until a run gets through with nothing failed
 // (or once, for DEPOT_FAIL_ALLOCATION=n); at least `fewest` failure points are expected.
 template <class Script>
@@ -525,4 +565,23 @@ TEST_CASE_TEMPLATE("pool: every host allocation of a fixed pool fails in turn", 
 TEST_CASE_TEMPLATE("pool: every host allocation behind the C interface fails in turn", D, DEPOT_TEST_DEVICES)
 {
   every_failure([](long n, int& s) { return run_c_api<D>(n, s); }, 50);
+}
+
+TEST_CASE("pool: every host allocation of reading a snapshot or a trace back fails in turn")
+{
+  // What a real allocator writes: several segments of both pools, and a trace of them.
+  depot::caching_allocator<depot::host> a{0, depot::allocator_config{}};
+  a.set_trace_capacity(64);
+  std::vector<void*> blocks;
+  for (std::size_t bytes : {std::size_t{100}, 3 * KiB, 700 * KiB, 5 * MiB, 40 * MiB}) blocks.push_back(a.allocate(bytes));
+  a.deallocate(blocks[1]);
+  a.deallocate(blocks[3]);
+  written_files files{a.snapshot().to_json(), a.trace_json(),
+                      "Thread,Time,Action,Pointer,Size,Stream\n1,08:00:00.000001,allocate,0x1000,512,0x0\n"
+                      "1,08:00:00.000002,allocate,0x2000,1024,0x0\n2,08:00:00.000003,free,0x1000,512,0x0\n"
+                      "2,08:00:00.000004,allocate failure,0x0,9999999,0x0\n"};
+  REQUIRE(depot::parse_snapshot(files.snapshot).segments.size() >= 3);
+  files.trace_again = depot::parse_trace(files.trace).to_json();
+  every_failure([&](long n, int& s) { return run_readers(n, s, files); }, 20);
+  for (void* p : {blocks[0], blocks[2], blocks[4]}) a.deallocate(p);
 }

@@ -355,6 +355,29 @@ TEST_CASE("trace: files that are missing, unreadable or not snapshots")
     CHECK(depot::parse_snapshot(t).segments[0].exported);
   }
 
+  // Read as it streams (SAX), yet as a document is: keys in any order (a segment's blocks
+  // before its address, the format after the segments), unknown keys and nested values
+  // skipped, a key given twice taking its last value.
+  {
+    const std::string shuffled =
+        R"({"extra":{"nested":[1,{"a":[]}]},"segments":[{"blocks":[{"state":"allocated","requested":500,"size":512,)"
+        R"("address":1024,"note":[1,2]},{"size":1536,"address":1536,"requested":0,"state":"free"}],"stream":7,)"
+        R"("pool":"small","size":2048,"address":1024,"future":{"x":1}},{"address":8192,"size":512,"stream":0,)"
+        R"("pool":"large","pool":"large","blocks":[{"address":8192,"size":512,"requested":1,"state":"pending_free"}]}],)"
+        R"("device":"cuda:1","format":"depot.snapshot.v1"})";
+    const depot::allocator_snapshot t = depot::parse_snapshot(shuffled);
+    REQUIRE(t.segments.size() == 2);
+    CHECK(t.device.index == 1);
+    CHECK(t.segments[0].stream == 7);
+    CHECK(t.segments[0].small_pool);
+    REQUIRE(t.segments[0].blocks.size() == 2);
+    CHECK(t.segments[0].blocks[0].requested == 500);
+    CHECK(t.segments[0].blocks[1].state == depot::block_state::free);
+    CHECK_FALSE(t.segments[1].small_pool);
+    CHECK(t.segments[1].blocks[0].state == depot::block_state::pending_free);
+    CHECK(depot::parse_snapshot(depot::parse_snapshot(good).to_json()).segments[0].blocks.size() == 2);
+  }
+
   // An expandable segment with a hole: the unmapped block tiles the addresses, not the size.
   const std::string holed =
       R"({"format":"depot.snapshot.v1","device":"cuda:0","segments":[{"address":1024,"size":2048,"pool":"large","stream":0,)"
@@ -399,6 +422,19 @@ TEST_CASE("trace: files that are missing, unreadable or not snapshots")
       {replace(",\"stream\":0", ""), {"segment 0", "'stream'", "missing"}},
       {replace("\"stream\":0,", "\"stream\":0,\"exported\":1,"), {"segment 0", "'exported'", "true or false"}},
       {"[]", {"expected a JSON object"}},
+      {"7", {"expected a JSON object", "number"}},
+      {replace("\"depot.snapshot.v1\"", "{\"v\":1}"), {"'format'", "expected a string", "an object"}},
+      {replace("\"segments\":[", "\"segments\":{\"x\":["), {"'segments'", "expected an array"}},
+      {replace("\"segments\":[{\"address\":1024", "\"segments\":[7,{\"address\":1024"), {"segment 0", "expected an object"}},
+      {replace("\"blocks\":[{", "\"blocks\":[[],{"), {"segment 0", "block 0", "expected an object"}},
+      {replace("\"blocks\":[", "\"blocks\":7,\"b\":["), {"segment 0", "'blocks'", "expected an array"}},
+      {replace("\"blocks\":[", "\"b\":["), {"segment 0", "'blocks'", "missing"}},
+      {replace("\"requested\":500", "\"requested\":-5"), {"block 0", "'requested'", "-5"}},
+      {replace("\"requested\":500", "\"requested\":[5]"), {"block 0", "'requested'", "an array"}},
+      {replace("\"requested\":500,", ""), {"block 0", "'requested'", "missing"}},
+      {replace(",\"device\":\"cuda:0\"", ""), {"'device'", "missing"}},
+      {replace("\"format\":\"depot.snapshot.v1\",", ""), {"'format'", "missing"}},
+      {R"({"format":"depot.snapshot.v1","device":"cuda:0"})", {"'segments'", "missing"}},
   };
   for (const bad_case& c : cases) {
     CAPTURE(c.text);
