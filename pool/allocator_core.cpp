@@ -146,6 +146,7 @@ struct alignas(64) block {
   std::uint16_t pending = 0;  // events outstanding before it may be reused
   // Exported (a live block of an expandable segment, counted in its pages' shared_page
   // blocks until freed); has_uses is set with it, so its free takes the general path.
+  bool in_place = false;  // a free deferred in place during a capture (stream_cache::in_place)
   bool exported = false;
   // A hole's key in its cache's hole index: at least what a request could take there (its
   // pages and its free neighbours), raised at once when a neighbour grows, lowered lazily.
@@ -453,7 +454,7 @@ static_assert(k_seg_units == 1U << k_unit_bits);
 constexpr std::size_t unit_bytes(unsigned units) noexcept { return std::size_t{units} << k_unit_shift; }
 
 struct unit_entry {
-  enum : std::uint8_t { head = 1, split = 2, has_uses = 4 };
+  enum : std::uint8_t { head = 1, split = 2, has_uses = 4, in_place = 8 };  // in_place: stream_cache::in_place
   std::uint16_t size = 0;  // units (1..4096)
   std::uint16_t prev = 0;  // units back to the previous block's head (0: the first block)
   block_state state = block_state::free;
@@ -1423,6 +1424,13 @@ struct stream_cache {
   // Frees during a graph capture of blocks that other streams used: their events are
   // recorded once no capture is under way (no event may be queried during one).
   std::vector<std::pair<native_stream, block_ref>> deferred;
+  // Such frees that found no host memory for `deferred`: the block is pending with one
+  // wait and its flag in_place set, its uses kept in its list (`listed`, `small_uses`),
+  // where after_captures finds it (settle_in_place). So a free never fails for memory.
+  std::size_t in_place = 0;
+  // One of them could not even list the stream it was freed on: the device's work is
+  // finished before they are settled.
+  bool in_place_sync = false;
 
   void recycle(block* b) noexcept
   {
@@ -1974,12 +1982,16 @@ struct allocator_core::impl {
     return size;
   }
 
-  stream_cache& cache_for(native_stream s)
+  stream_cache& cache_for(native_stream s) { return *cache_ptr<true>(s); }
+  // The cache of `s`: with Create, made when there is none (may throw std::bad_alloc, changing
+  // nothing); without, nullptr then (a free's hint: a stream with no cache holds no block).
+  template <bool Create>
+  [[gnu::always_inline]] stream_cache* cache_ptr(native_stream s)
   {
     thread_caches& tc = tl_caches;
     const std::uint64_t r = route.load(std::memory_order_relaxed);
     if (tc.entries[0].owner == r && tc.entries[0].stream == s) [[likely]] {
-      return *tc.entries[0].cache;
+      return tc.entries[0].cache;
     }
     // The thread's other recent streams here, inline, the one found swapped to the front (a
     // call and a shift of up to three entries cost a thread alternating among four streams
@@ -1991,27 +2003,27 @@ struct allocator_core::impl {
     static_assert(std::tuple_size_v<decltype(tc.entries)> == 4);
     const auto on = [&](std::size_t k) { return static_cast<unsigned>(tc.entries[k].stream == s); };
     const auto k = static_cast<std::size_t>(std::countr_zero(on(1) | on(2) << 1 | on(3) << 2 | 8U)) + 1;
-    if (k == 4 || tc.entries[k].owner != r) [[unlikely]] return recent_cache(s, r);
+    if (k == 4 || tc.entries[k].owner != r) [[unlikely]] return recent_cache(s, r, Create);
     std::swap(tc.entries[0], tc.entries[k]);
-    return *tc.entries[0].cache;
+    return tc.entries[0].cache;
   }
   // cache_for() when its first match by stream was not this allocator's: both fields of the
   // other three entries compared, then the registry (find_cache).
-  [[gnu::noinline]] stream_cache& recent_cache(native_stream s, std::uint64_t r)
+  [[gnu::noinline]] stream_cache* recent_cache(native_stream s, std::uint64_t r, bool create)
   {
     thread_caches& tc = tl_caches;
     for (std::size_t k = 1; k < tc.entries.size(); ++k) {
       if (tc.entries[k].owner == r && tc.entries[k].stream == s) {
         std::swap(tc.entries[0], tc.entries[k]);
-        return *tc.entries[0].cache;
+        return tc.entries[0].cache;
       }
     }
-    return find_cache(s);
+    return find_cache(s, create);
   }
 
   // cache_for() when none of the thread's recent streams here is `s`: the registry (or a new
   // cache), remembered first, in place of the last entry.
-  [[gnu::noinline]] stream_cache& find_cache(native_stream s)
+  [[gnu::noinline]] stream_cache* find_cache(native_stream s, bool create)
   {
     thread_caches& tc = tl_caches;
     stream_cache* c = nullptr;
@@ -2021,6 +2033,7 @@ struct allocator_core::impl {
       valid_for = route.load(std::memory_order_relaxed);
       if (auto it = by_stream.find(s); it != by_stream.end()) c = it->second;
     }
+    if (c == nullptr && !create) return nullptr;
     if (c == nullptr) {
       // A new cache: each step that may throw std::bad_alloc comes before anything changes
       // (an entry inserted first and left null by a failed allocation after it crashed the
@@ -2038,7 +2051,7 @@ struct allocator_core::impl {
     }
     thread_caches::to_front(tc.entries, tc.entries.size() - 1);
     tc.entries[0] = thread_caches::entry{valid_for, s, c};
-    return *c;
+    return c;
   }
 
   void record(const trace_event& e)
@@ -2813,6 +2826,16 @@ struct allocator_core::impl {
       r.large->pending = waits;
     }
   }
+  static void set_in_place(const block_ref& r, bool on) noexcept
+  {
+    if (r.large != nullptr) {
+      r.large->in_place = on;
+    } else if (on) {
+      r.seg->units[r.unit].flags |= unit_entry::in_place;
+    } else {
+      r.seg->units[r.unit].flags &= static_cast<std::uint8_t>(~unit_entry::in_place);
+    }
+  }
   // One of a pending block's waits is over: at the last, the block is free in `c`.
   void settle_one(stream_cache& c, const block_ref& r) noexcept
   {
@@ -3221,6 +3244,75 @@ struct allocator_core::impl {
     c.deferred.erase(keep, c.deferred.end());
   }
 
+  // The frees deferred in place in c (stream_cache::in_place), as those of c.deferred: an
+  // event on each stream of the block's uses, or the device's work finished when one cannot
+  // be had (or a free could not list its stream: in_place_sync). A block whose uses name a
+  // stream destroyed since the closed fences were waited for (a marker) stays for the next
+  // capture's end. Caller holds c's lock; no capture is under way. Allocates nothing but the
+  // pending list's room (when that fails, the device is synchronised). The blocks are found
+  // by walking c's segments, again after each one settled (a release merges blocks): a rare
+  // path, taken only when host memory ran out during a capture.
+  void settle_in_place(stream_cache& c) noexcept
+  {
+    bool finished = false;  // the device's work is done
+    if (c.in_place_sync) {
+      try {
+        up->synchronize_device();
+        finished = true;
+      } catch (...) {  // the device failed: its work is over as far as it will ever be
+        finished = true;
+      }
+      c.in_place_sync = false;
+    }
+    const auto settle = [&](const block_ref& r) {
+      std::vector<native_stream>* uses = uses_of(c, r, false);
+      if (!finished && uses != nullptr && std::any_of(uses->begin(), uses->end(), is_marker)) return false;
+      set_in_place(r, false);
+      --c.in_place;
+      std::size_t recorded = 0;
+      if (!finished && uses != nullptr) {
+        try {
+          c.pending.reserve(c.pending.size() + uses->size());
+          for (native_stream s : *uses) {
+            c.pending.emplace_back(up->record_event(s), r);  // (reserved)
+            ++recorded;
+          }
+        } catch (...) {  // no room, or a stream refused an event: order by the device's work
+          for (; recorded > 0; --recorded) {
+            up->destroy_event(c.pending.back().first);
+            c.pending.pop_back();
+          }
+          try {
+            up->synchronize_device();
+          } catch (...) {
+          }
+        }
+      }
+      if (uses != nullptr) uses->clear();
+      if (recorded > 0) {
+        mark_pending(r, static_cast<std::uint16_t>(recorded));
+      } else {
+        settle_one(c, r);  // its one wait
+      }
+      return true;
+    };
+    const auto next = [&]() -> bool {
+      for (segment* sg = c.segments; sg != nullptr; sg = sg->lnext) {
+        for (block* b = sg->head; b != nullptr; b = b->next) {
+          if (b->in_place && settle({b, nullptr, 0})) return true;
+        }
+      }
+      for (const auto& [addr, sm] : c.small_dir) {
+        for (unsigned u = 0; u < k_seg_units; u += sm->units[u].size) {
+          if ((sm->units[u].flags & unit_entry::in_place) != 0 && settle({nullptr, sm, u})) return true;
+        }
+      }
+      return false;
+    };
+    while (c.in_place > 0 && next()) {
+    }
+  }
+
   // The last capture ended: the events of frees deferred during captures are recorded
   // (pending as usual from now on), then the pools released meanwhile are finished.
   // Under grow_mu, which a beginning capture takes before it returns (its drain), so a
@@ -3281,6 +3373,7 @@ struct allocator_core::impl {
           settle_one(*c, b);
         }
         std::erase_if(c->deferred, [](const auto& d) { return !is_marker(d.first); });
+        if (c->in_place > 0) settle_in_place(*c);
       }
     }
     std::vector<std::uint64_t> due;
@@ -3867,7 +3960,7 @@ struct allocator_core::impl {
 
   stream_cache* hint_for(native_stream s, bool stream_given)
   {
-    if (stream_given) return &cache_for(s);
+    if (stream_given) return cache_ptr<false>(s);
     const thread_caches::entry& t = tl_caches.entries[0];
     return t.owner == route.load(std::memory_order_relaxed) ? t.cache : nullptr;
   }
@@ -4212,9 +4305,13 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
       uses = impl::uses_of(c, b, true);
       uses->push_back(order);
     } catch (...) {  // out of host memory: order by the device instead, below
-      if (m.capturing()) {  // (which a capture forbids): refused, nothing changed
-        put_back();
-        throw;
+      if (m.capturing()) {  // (which a capture forbids): the block waits in place, and the
+        c.in_place_sync = true;  // capture's end finishes the device's work first
+        impl::mark_pending(b, 1);
+        impl::set_in_place(b, true);
+        ++c.in_place;
+        count_free();
+        return;
       }
       try {
         m.up->synchronize_device();
@@ -4232,9 +4329,12 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
     }
     try {
       c.deferred.reserve(c.deferred.size() + uses->size());
-    } catch (...) {
-      put_back();
-      throw;
+    } catch (...) {  // out of host memory: the block waits in place, its uses kept
+      impl::mark_pending(b, 1);
+      impl::set_in_place(b, true);
+      ++c.in_place;
+      count_free();
+      return;
     }
     impl::mark_pending(b, static_cast<std::uint16_t>(uses->size()));
     for (native_stream s : *uses) c.deferred.emplace_back(s, b);

@@ -32,6 +32,7 @@
 #include <depot/hal/runtime.hpp>
 #include <depot/pool/c_api.h>
 #include <depot/pool/caching_allocator.hpp>
+#include <depot/pool/detail/allocator_core.hpp>
 #include <depot/pool/fixed_pool.hpp>
 #include <depot/pool/pool.hpp>
 #include <depot/pool/trace_file.hpp>
@@ -150,6 +151,24 @@ class armed_steps {
     failed_ = true;
     return threw ? outcome::threw : outcome::absorbed;
   }
+  // Runs `call` armed (a free: `is_free`, which never fails for memory). After the injected
+  // failure the state must be whole (`whole()` checks it), and a call that threw must
+  // succeed when made again, unarmed, leaving it whole too.
+  template <class Whole>
+  void checked(const char* script, const char* what, const std::function<void()>& call, bool is_free, Whole&& whole)
+  {
+    const outcome o = arm(call);
+    const bool threw = o == outcome::threw;
+    INFO(script, " step ", steps_, " (", std::string{what}, "), allocation ", n_, " failing",
+         threw ? ": threw " + message_ : "");
+    CHECK_FALSE((threw && is_free));  // a free never fails for memory
+    if (o == outcome::clean) return;
+    // The call threw, or it caught the failure and finished another way (a free ordered by
+    // synchronising instead of an event): whole either way.
+    whole();
+    if (threw && !is_free) CHECK_NOTHROW(call());  // and still works: the same call again
+    whole();
+  }
   [[nodiscard]] bool failed() const noexcept { return failed_; }  // the injected failure happened
   [[nodiscard]] long n() const noexcept { return n_; }
   [[nodiscard]] int step() const noexcept { return steps_; }
@@ -185,17 +204,7 @@ bool run_script(long n, const depot::allocator_config& cfg, int& steps)
   // (not of a free), after which the allocator must be whole and the same call must
   // succeed unarmed.
   const auto step = [&](const char* what, const std::function<void()>& call, bool is_free = false) {
-    const armed_steps::outcome o = run.arm(call);
-    const bool threw = o == armed_steps::outcome::threw;
-    INFO("step ", run.step(), " (", std::string{what}, "), allocation ", n, " failing",
-         threw ? ": threw " + run.message() : "");
-    CHECK_FALSE((threw && is_free));  // a free never fails for memory
-    if (o == armed_steps::outcome::clean) return;
-    // The call threw, or it caught the failure and finished another way (a free ordered by
-    // synchronising instead of an event): the allocator is whole either way.
-    depot::test::check_invariants(a);
-    if (threw && !is_free) CHECK_NOTHROW(call());  // and still works: the same call again
-    depot::test::check_invariants(a);
+    run.checked("allocator", what, call, is_free, [&] { depot::test::check_invariants(a); });
   };
   const auto allocate = [&](const char* what, std::size_t bytes, depot::stream<D>& s) {
     step(what, [&] { live.push_back(a.allocate(bytes, s)); });  // (reserved: no allocation)
@@ -320,15 +329,9 @@ bool run_fixed_pool(long n, int& steps)
     CHECK(st.total_blocks == k_blocks);
   };
   const auto step = [&](const char* what, const std::function<void()>& call, bool is_free = false) {
-    const armed_steps::outcome o = run.arm(call);
-    const bool threw = o == armed_steps::outcome::threw;
-    INFO("fixed_pool step ", run.step(), " (", std::string{what}, "), allocation ", n, " failing",
-         threw ? ": threw " + run.message() : "");
-    CHECK_FALSE((threw && is_free));
-    if (o == armed_steps::outcome::clean) return;
-    if (fp) whole();
-    if (threw) CHECK_NOTHROW(call());
-    if (fp) whole();
+    run.checked("fixed_pool", what, call, is_free, [&] {
+      if (fp) whole();
+    });
   };
   step("construct", [&] { fp.emplace(k_blocks * k_block, k_block); });
   int handler_calls = 0;
@@ -477,6 +480,61 @@ bool run_c_api(long n, int& steps)
   return run.failed();
 }
 
+// Frees during a graph capture of blocks that another stream used, on an asynchronous
+// backend: the host's upstream (real host events) under an allocator told it is
+// asynchronous, as a GPU's is, so the host takes the paths CUDA and HIP take. With no host
+// memory for the list of deferred frees (or for the list of streams a free on another
+// stream makes), a free still succeeds (the block waits in place, stream_cache::in_place)
+// and the capture's end gives it its events (or finishes the device's work).
+bool run_capture_frees(long n, int& steps)
+{
+  using host = depot::host;
+  armed_steps run{n, steps};
+  const auto up = std::make_shared<depot::test::limiting_upstream<host>::counters>();
+  std::optional<depot::detail::allocator_core> core;
+  core.emplace(std::make_unique<depot::test::limiting_upstream<host>>(std::numeric_limits<std::size_t>::max(), up),
+               depot::allocator_config{}, /*asynchronous=*/true);
+  depot::stream<host> s1;
+  depot::stream<host> s2;
+  const auto whole = [&] { depot::test::check_invariants(core->stats(), core->snapshot()); };
+  const auto step = [&](const char* what, const std::function<void()>& call, bool is_free = false) {
+    run.checked("capture", what, call, is_free, whole);
+  };
+  // Blocks of both pools, dense small and linked, each used by s2 (unarmed: the allocator's
+  // script covers these calls).
+  std::vector<void*> blocks;
+  for (std::size_t bytes : {std::size_t{4} * KiB, 100 * KiB, 2 * MiB, 30 * MiB}) {
+    for (int i = 0; i < 3; ++i) blocks.push_back(core->allocate(bytes, s1.native()));
+  }
+  for (void* p : blocks) core->record_stream(p, s2.native());
+  // And blocks freed on another stream (whose list of streams the free itself makes).
+  std::vector<void*> named;
+  for (std::size_t bytes : {std::size_t{8} * KiB, 200 * KiB, 5 * MiB}) named.push_back(core->allocate(bytes, s1.native()));
+  std::uint64_t pool = 0;
+  step("begin a capture", [&] { pool = core->begin_capture(s1.native(), 0); });
+  for (void* p : blocks) {
+    step("free in a capture, used by another stream", [&] { core->deallocate(p, nullptr, false, 0); }, true);
+  }
+  for (void* p : named) {
+    step("free in a capture on another stream", [&] { core->deallocate(p, s2.native(), true, 0); }, true);
+  }
+  step("end the capture", [&] { core->end_capture(s1.native()); });
+  step("release the capture pool", [&] { core->release_capture_pool(pool); });
+  s2.synchronize();
+  void* again = nullptr;
+  step("allocate after the capture", [&] { again = core->allocate(30 * MiB, s1.native()); });
+  step("free", [&] { core->deallocate(again, nullptr, false, 0); }, true);
+  core->empty_cache();
+  whole();
+  const depot::memory_stats st = core->stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.reserved_bytes.all.current == 0);  // every deferred free came back
+  core.reset();
+  CHECK(up->outstanding.load() == 0);
+  CHECK(up->events.load() == 0);
+  return run.failed();
+}
+
 // Reading snapshots and traces back (trace_file.hpp, the tools' input) and writing them:
 // each call completes with what an unarmed call gives, or throws std::bad_alloc (never
 // std::terminate: no JSON document is freed while memory runs out).
@@ -594,4 +652,9 @@ TEST_CASE("pool: every host allocation of reading a snapshot or a trace back fai
   files.trace_again = depot::parse_trace(files.trace).to_json();
   every_failure([&](long n, int& s) { return run_readers(n, s, files); }, 20);
   for (void* p : {blocks[0], blocks[2], blocks[4]}) a.deallocate(p);
+}
+
+TEST_CASE("pool: every host allocation of frees during a graph capture fails in turn (asynchronous backend)")
+{
+  every_failure([](long n, int& s) { return run_capture_frees(n, s); }, 20);
 }
