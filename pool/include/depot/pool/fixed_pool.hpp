@@ -65,12 +65,18 @@ class fixed_pool {
                       " is smaller than one block of " + std::to_string(block_size_) + " bytes");
     blocks_ = pool_size / block_size_;
     pool_size_ = blocks_ * block_size_;
-    // The bookkeeping first: were the device memory taken before it, a std::bad_alloc
-    // here would leave the constructor with the memory held and no destructor to free it.
-    used_.assign(blocks_, false);
-    free_.reserve(blocks_);
-    for (std::size_t i = blocks_; i-- > 0;) free_.push_back(i);  // lowest address first
+    // The device memory first (a pool larger than the device is refused before any
+    // bookkeeping of its size is made), given back if the bookkeeping then fails: the
+    // constructor throws, and no destructor would run.
     base_ = static_cast<std::byte*>(runtime<D>::allocate(pool_size_, device));
+    try {
+      used_.assign(blocks_, false);
+      free_.reserve(blocks_);
+    } catch (...) {
+      runtime<D>::deallocate(base_, device);
+      throw;
+    }
+    for (std::size_t i = blocks_; i-- > 0;) free_.push_back(i);  // lowest address first (reserved)
   }
   fixed_pool(const fixed_pool&) = delete;
   fixed_pool& operator=(const fixed_pool&) = delete;
