@@ -57,6 +57,7 @@ namespace {
 // past 0 fails one call, then none.
 thread_local long t_countdown = -1;
 thread_local long t_failures = 0;
+thread_local std::size_t t_bytes = 0;  // bytes asked of operator new on this thread
 
 bool fail_now() noexcept
 {
@@ -71,6 +72,7 @@ bool fail_now() noexcept
 void* allocate_or_null(std::size_t n, std::size_t align) noexcept
 {
   if (n == 0) n = 1;
+  t_bytes += n;
   if (align <= alignof(std::max_align_t)) return std::malloc(n);
   return std::aligned_alloc(align, (n + align - 1) / align * align);
 }
@@ -628,6 +630,11 @@ TEST_CASE_TEMPLATE("pool: every host allocation of a fixed pool fails in turn", 
   const std::size_t before = depot::get_memory_info<D>(0).free_bytes;
   every_failure([](long n, int& s) { return run_fixed_pool<D>(n, s); }, 3);
   if constexpr (depot::is_gpu_v<D>) CHECK(depot::get_memory_info<D>(0).free_bytes + 2 * MiB >= before);
+  // A pool larger than the device is refused before any bookkeeping of its size is made
+  // (2^38 blocks: 32 GiB of host memory for its flags, which a host with room would take).
+  t_bytes = 0;
+  CHECK_THROWS_AS((depot::fixed_pool<D>{std::size_t{1} << 50, 4096}), depot::out_of_memory);
+  CHECK(t_bytes < MiB);
 }
 
 TEST_CASE_TEMPLATE("pool: every host allocation behind the C interface fails in turn", D, DEPOT_TEST_DEVICES)
