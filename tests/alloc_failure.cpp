@@ -512,8 +512,21 @@ bool run_capture_frees(long n, int& steps)
   // And blocks freed on another stream (whose list of streams the free itself makes).
   std::vector<void*> named;
   for (std::size_t bytes : {std::size_t{8} * KiB, 200 * KiB, 5 * MiB}) named.push_back(core->allocate(bytes, s1.native()));
+  // And blocks used by a stream destroyed during the capture (its uses become a marker, its
+  // fence waited for at the capture's end).
+  std::optional<depot::stream<host>> s3;
+  s3.emplace();
+  std::vector<void*> orphaned;
+  for (std::size_t bytes : {std::size_t{16} * KiB, 3 * MiB}) {
+    orphaned.push_back(core->allocate(bytes, s1.native()));
+    core->record_stream(orphaned.back(), s3->native());
+  }
   std::uint64_t pool = 0;
   step("begin a capture", [&] { pool = core->begin_capture(s1.native(), 0); });
+  step("a stream that used blocks ends in a capture", [&] { s3.reset(); }, true);
+  for (void* p : orphaned) {
+    step("free in a capture, used by a stream that ended", [&] { core->deallocate(p, nullptr, false, 0); }, true);
+  }
   for (void* p : blocks) {
     step("free in a capture, used by another stream", [&] { core->deallocate(p, nullptr, false, 0); }, true);
   }
