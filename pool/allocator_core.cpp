@@ -144,9 +144,9 @@ struct alignas(64) block {
   std::vector<native_stream> uses;  // other streams that used it (record_stream)
   std::uint64_t t_alloc = 0;
   std::uint16_t pending = 0;  // events outstanding before it may be reused
+  bool in_place = false;  // a free deferred in place during a capture (stream_cache::in_place)
   // Exported (a live block of an expandable segment, counted in its pages' shared_page
   // blocks until freed); has_uses is set with it, so its free takes the general path.
-  bool in_place = false;  // a free deferred in place during a capture (stream_cache::in_place)
   bool exported = false;
   // A hole's key in its cache's hole index: at least what a request could take there (its
   // pages and its free neighbours), raised at once when a neighbour grows, lowered lazily.
@@ -1425,8 +1425,8 @@ struct stream_cache {
   // recorded once no capture is under way (no event may be queried during one).
   std::vector<std::pair<native_stream, block_ref>> deferred;
   // Such frees that found no host memory for `deferred`: the block is pending with one
-  // wait and its flag in_place set, its uses kept in its list (`listed`, `small_uses`),
-  // where after_captures finds it (settle_in_place). So a free never fails for memory.
+  // wait, its flag in_place set and its uses kept in its list; after_captures finds it by
+  // its flag (settle_in_place). So a free never fails for memory. The count of them here.
   std::size_t in_place = 0;
   // One of them could not even list the stream it was freed on: the device's work is
   // finished before they are settled.
