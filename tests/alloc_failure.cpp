@@ -667,7 +667,8 @@ TEST_CASE("pool: every host allocation of reading a snapshot or a trace back fai
   written_files files{a.snapshot().to_json(), a.trace_json(),
                       "Thread,Time,Action,Pointer,Size,Stream\n1,08:00:00.000001,allocate,0x1000,512,0x0\n"
                       "1,08:00:00.000002,allocate,0x2000,1024,0x0\n2,08:00:00.000003,free,0x1000,512,0x0\n"
-                      "2,08:00:00.000004,allocate failure,0x0,9999999,0x0\n"};
+                      "2,08:00:00.000004,allocate failure,0x0,9999999,0x0\n",
+                      {}};
   REQUIRE(depot::parse_snapshot(files.snapshot).segments.size() >= 3);
   files.trace_again = depot::parse_trace(files.trace).to_json();
   every_failure([&](long n, int& s) { return run_readers(n, s, files); }, 20);
