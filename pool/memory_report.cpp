@@ -16,17 +16,6 @@ namespace depot {
 
 namespace {
 
-std::string_view state_name(block_state s)
-{
-  switch (s) {
-    case block_state::allocated: return "allocated";
-    case block_state::pending_free: return "pending_free";
-    case block_state::free: return "free";
-    case block_state::unmapped: return "unmapped";
-  }
-  return "unknown";
-}
-
 // The JSON views are written straight into their string, in the form nlohmann::json's
 // dump() gave (keys sorted, no spaces): a document built first ended the process when host
 // memory ran out, as nlohmann::json's destructor allocates (it moves nested values onto a
@@ -138,7 +127,7 @@ std::string allocator_snapshot::to_json() const
       w.member("address", std::uint64_t{b.address});
       w.member("requested", std::uint64_t{b.requested});
       w.member("size", std::uint64_t{b.size});
-      w.member("state", state_name(b.state));
+      w.member("state", to_string(b.state));
       w.close('}');
     }
     w.close(']');

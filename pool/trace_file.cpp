@@ -277,6 +277,38 @@ std::optional<trace_kind> kind_from_name(std::string_view s)
   return std::nullopt;
 }
 
+std::optional<block_state> state_from_name(std::string_view s)
+{
+  for (block_state b : {block_state::allocated, block_state::pending_free, block_state::free, block_state::unmapped}) {
+    if (to_string(b) == s) return b;
+  }
+  return std::nullopt;
+}
+
+// The depth of a nested value (object or array) a SAX reader skips, an unknown key's or
+// one a reader need not look into; 0: none. Every event inside it is consumed here.
+class skipped_value {
+ public:
+  [[nodiscard]] bool inside() const noexcept { return depth_ > 0; }
+  void begin() noexcept { depth_ = 1; }  // the value just opened is skipped
+  // An object or array opens / closes: true (consumed) inside a skipped value.
+  bool opens() noexcept
+  {
+    if (depth_ == 0) return false;
+    ++depth_;
+    return true;
+  }
+  bool closes() noexcept
+  {
+    if (depth_ == 0) return false;
+    --depth_;
+    return true;
+  }
+
+ private:
+  int depth_ = 0;
+};
+
 class trace_sax {
  public:
   using json = nlohmann::json;
@@ -320,10 +352,7 @@ class trace_sax {
 
   bool start_object(std::size_t)
   {
-    if (skip_ > 0) {
-      ++skip_;
-      return true;
-    }
+    if (skip_.opens()) return true;
     switch (where_) {
       case where::start:
         where_ = where::top;
@@ -334,7 +363,7 @@ class trace_sax {
         if (top_key_ == "format" || top_key_ == "device") {
           fail(name_, "\"" + top_key_ + "\" must be a string, got an object");
         }
-        skip_ = 1;
+        skip_.begin();
         where_ = where::top;
         return true;
       case where::events:
@@ -344,7 +373,7 @@ class trace_sax {
         return true;
       case where::event_value:
         if (field_index_ >= 0) field_error("an object");
-        skip_ = 1;
+        skip_.begin();
         where_ = where::event;
         return true;
       default: return true;
@@ -352,10 +381,7 @@ class trace_sax {
   }
   bool end_object()
   {
-    if (skip_ > 0) {
-      --skip_;
-      return true;
-    }
+    if (skip_.closes()) return true;
     if (where_ == where::event) {
       finish_event();
       where_ = where::events;
@@ -366,10 +392,7 @@ class trace_sax {
   }
   bool start_array(std::size_t)
   {
-    if (skip_ > 0) {
-      ++skip_;
-      return true;
-    }
+    if (skip_.opens()) return true;
     switch (where_) {
       case where::start: fail(name_, "expected a JSON object with \"format\" and \"events\", got an array");
       case where::top_value:
@@ -381,13 +404,13 @@ class trace_sax {
         if (top_key_ == "format" || top_key_ == "device") {
           fail(name_, "\"" + top_key_ + "\" must be a string, got an array");
         }
-        skip_ = 1;
+        skip_.begin();
         where_ = where::top;
         return true;
       case where::events: fail(name_, event_where() + "expected an event object, got an array");
       case where::event_value:
         if (field_index_ >= 0) field_error("an array");
-        skip_ = 1;
+        skip_.begin();
         where_ = where::event;
         return true;
       default: return true;
@@ -395,16 +418,13 @@ class trace_sax {
   }
   bool end_array()
   {
-    if (skip_ > 0) {
-      --skip_;
-      return true;
-    }
+    if (skip_.closes()) return true;
     if (where_ == where::events) where_ = where::top;
     return true;
   }
   bool key(json::string_t& k)
   {
-    if (skip_ > 0) return true;
+    if (skip_.inside()) return true;
     if (where_ == where::top) {
       top_key_ = k;
       where_ = where::top_value;
@@ -453,7 +473,7 @@ class trace_sax {
 
   bool scalar(const std::string& text, value_kind vk, std::uint64_t u = 0)
   {
-    if (skip_ > 0) return true;
+    if (skip_.inside()) return true;
     switch (where_) {
       case where::start: fail(name_, "expected a JSON object with \"format\" and \"events\", got " + text);
       case where::top_value:
@@ -518,7 +538,7 @@ class trace_sax {
   std::string_view name_;
   recorded_trace out_;
   where where_ = where::start;
-  int skip_ = 0;
+  skipped_value skip_;
   bool saw_top_ = false;
   bool saw_events_ = false;
   std::optional<std::string> format_;
@@ -604,10 +624,7 @@ class snapshot_sax {
   bool start_array(std::size_t) { return nested("array"); }
   bool end_object()
   {
-    if (skip_ > 0) {
-      --skip_;
-      return true;
-    }
+    if (skip_.closes()) return true;
     if (where_ == where::block) {
       finish_block();
       where_ = where::blocks;
@@ -621,17 +638,14 @@ class snapshot_sax {
   }
   bool end_array()
   {
-    if (skip_ > 0) {
-      --skip_;
-      return true;
-    }
+    if (skip_.closes()) return true;
     if (where_ == where::segments) where_ = where::top;
     if (where_ == where::blocks) where_ = where::segment;
     return true;
   }
   bool key(json::string_t& k)
   {
-    if (skip_ > 0) return true;
+    if (skip_.inside()) return true;
     const auto index = [&](const auto& names) {
       for (std::size_t i = 0; i < names.size(); ++i) {
         if (k == names[i]) return static_cast<int>(i);
@@ -694,7 +708,7 @@ class snapshot_sax {
 
   bool scalar(field_value::kind k, std::string text, const char* type)
   {
-    if (skip_ > 0) return true;
+    if (skip_.inside()) return true;
     switch (where_) {
       case where::start: sfail("expected a JSON object, got " + std::string{type});
       case where::top_value:
@@ -720,10 +734,7 @@ class snapshot_sax {
   // An object or array begins.
   bool nested(const char* type)
   {
-    if (skip_ > 0) {
-      ++skip_;
-      return true;
-    }
+    if (skip_.opens()) return true;
     const bool object = type[0] == 'o';
     const std::string an = std::string{"an "} + type;
     switch (where_) {
@@ -770,7 +781,7 @@ class snapshot_sax {
         break;
       default: return true;
     }
-    skip_ = 1;  // its content is skipped
+    skip_.begin();  // its content is skipped
     return true;
   }
 
@@ -818,17 +829,9 @@ class snapshot_sax {
     blk.size = static_cast<std::size_t>(need_unsigned(block_[b_size], "size", bw));
     blk.requested = static_cast<std::size_t>(need_unsigned(block_[b_requested], "requested", bw));
     const std::string& st = need_string(block_[b_state], "state", bw);
-    if (st == "allocated") {
-      blk.state = block_state::allocated;
-    } else if (st == "pending_free") {
-      blk.state = block_state::pending_free;
-    } else if (st == "free") {
-      blk.state = block_state::free;
-    } else if (st == "unmapped") {
-      blk.state = block_state::unmapped;
-    } else {
-      sfail(bw + "field 'state': expected allocated, pending_free, free or unmapped, got " + shown(st));
-    }
+    const auto state = state_from_name(st);
+    if (!state) sfail(bw + "field 'state': expected allocated, pending_free, free or unmapped, got " + shown(st));
+    blk.state = *state;
     blocks_.push_back(blk);
   }
 
@@ -903,7 +906,7 @@ class snapshot_sax {
   std::string_view name_;
   allocator_snapshot snap_;
   where where_ = where::start;
-  int skip_ = 0;
+  skipped_value skip_;
   int key_ = -1;
   field_value value_;  // the scalar being read
   std::array<field_value, top_names.size()> top_;

@@ -153,24 +153,50 @@ class armed_steps {
     failed_ = true;
     return threw ? outcome::threw : outcome::absorbed;
   }
-  // Runs `call` armed (a free: `is_free`, which never fails for memory). After the injected
-  // failure the state must be whole (`whole()` checks it), and a call that threw must
-  // succeed when made again, unarmed, leaving it whole too.
+  // Runs `call` armed (a free: `is_free`, which never fails for memory). `call` reports a
+  // failure by throwing, or by returning false: a C interface call (`through_c`, through
+  // which nothing may be thrown), whose status it may describe with note(). After the
+  // injected failure the state must be whole (`whole()` checks it), and a call that failed
+  // must succeed when made again, unarmed, leaving it whole too.
+  template <class Whole>
+  void checked(const char* script, const char* what, const std::function<bool()>& call, bool is_free, Whole&& whole,
+               bool through_c)
+  {
+    bool ok = true;
+    note_.clear();
+    const outcome o = arm([&] { ok = call(); });
+    const bool threw = o == outcome::threw;
+    const bool failed = threw || !ok;
+    INFO(script, " step ", steps_, " (", std::string{what}, "), allocation ", n_, " failing",
+         threw ? ": threw " + message_ : "", note_);
+    if (through_c) CHECK_FALSE(threw);  // nothing is thrown through the C interface
+    CHECK_FALSE((failed && is_free));   // a free never fails for memory
+    if (o == outcome::clean) {
+      CHECK(ok);  // without the failure nothing fails
+      return;
+    }
+    // The call failed, or it caught the failure and finished another way (a free ordered by
+    // synchronising instead of an event): whole either way.
+    whole();
+    if (failed && !is_free) {  // and still works: the same call again
+      bool again = false;
+      CHECK_NOTHROW(again = call());
+      CHECK(again);
+    }
+    whole();
+  }
+  // The same for a C++ call, which fails by throwing.
   template <class Whole>
   void checked(const char* script, const char* what, const std::function<void()>& call, bool is_free, Whole&& whole)
   {
-    const outcome o = arm(call);
-    const bool threw = o == outcome::threw;
-    INFO(script, " step ", steps_, " (", std::string{what}, "), allocation ", n_, " failing",
-         threw ? ": threw " + message_ : "");
-    CHECK_FALSE((threw && is_free));  // a free never fails for memory
-    if (o == outcome::clean) return;
-    // The call threw, or it caught the failure and finished another way (a free ordered by
-    // synchronising instead of an event): whole either way.
-    whole();
-    if (threw && !is_free) CHECK_NOTHROW(call());  // and still works: the same call again
-    whole();
+    checked(script, what, std::function<bool()>{[&] {
+              call();
+              return true;
+            }},
+            is_free, whole, false);
   }
+  // What the call under way reports beside its outcome (a C status and message).
+  void note(std::string text) { note_ = std::move(text); }
   [[nodiscard]] bool failed() const noexcept { return failed_; }  // the injected failure happened
   [[nodiscard]] long n() const noexcept { return n_; }
   [[nodiscard]] int step() const noexcept { return steps_; }
@@ -182,6 +208,7 @@ class armed_steps {
   int& steps_;
   bool failed_ = false;
   std::string message_;
+  std::string note_;
 };
 
 // One run of the script against a fresh allocator, the n-th host allocation of its armed
@@ -396,21 +423,15 @@ bool run_c_api(long n, int& steps)
     depot::test::check_invariants(depot::pool<D>(0));
     depot::test::check_invariants(depot::pinned_pool<D>(0));
   };
+  // A C call: its status is DEPOT_SUCCESS, or DEPOT_ERROR_OUT_OF_MEMORY for the injected
+  // failure (armed_steps::checked tells which was allowed).
   const auto call = [&](const char* what, const std::function<depot_status()>& f, bool is_free = false) {
-    depot_status st = DEPOT_SUCCESS;
-    const armed_steps::outcome o = run.arm([&] { st = f(); });
-    INFO("C step ", run.step(), " (", std::string{what}, "), allocation ", n, " failing: ", depot_status_name(st),
-         " ", std::string{st == DEPOT_SUCCESS ? "" : depot_last_error()});
-    CHECK(o != armed_steps::outcome::threw);  // nothing is thrown through the C interface
-    if (o == armed_steps::outcome::clean || is_free) {
-      CHECK(st == DEPOT_SUCCESS);  // a free never fails; without the failure nothing does
-    } else {
+    run.checked("C", what, [&] {
+      const depot_status st = f();
+      if (st != DEPOT_SUCCESS) run.note(": " + std::string{depot_status_name(st)} + " " + depot_last_error());
       CHECK((st == DEPOT_SUCCESS || st == DEPOT_ERROR_OUT_OF_MEMORY));
-    }
-    if (o == armed_steps::outcome::clean) return;
-    whole();
-    if (st != DEPOT_SUCCESS) CHECK(f() == DEPOT_SUCCESS);  // the same call again
-    whole();
+      return st == DEPOT_SUCCESS;
+    }, is_free, whole, true);
   };
   const auto allocate = [&](const char* what, std::size_t bytes, void* stream) {
     call(what, [&] {

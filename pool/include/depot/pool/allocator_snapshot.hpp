@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace depot {
@@ -19,6 +20,18 @@ enum class block_state : std::uint8_t {
   free = 2,          // in the cache, reusable
   unmapped = 3,      // addresses of an expandable segment with no memory behind them (a hole)
 };
+
+// A state's name in snapshots' JSON and summaries (read back by parse_snapshot).
+[[nodiscard]] constexpr std::string_view to_string(block_state s) noexcept
+{
+  switch (s) {
+    case block_state::allocated: return "allocated";
+    case block_state::pending_free: return "pending_free";
+    case block_state::free: return "free";
+    case block_state::unmapped: return "unmapped";
+  }
+  return "unknown";
+}
 
 struct block_info {
   std::uintptr_t address = 0;
