@@ -3250,8 +3250,10 @@ struct allocator_core::impl {
   // stream destroyed since the closed fences were waited for (a marker) stays for the next
   // capture's end. Caller holds c's lock; no capture is under way. Allocates nothing but the
   // pending list's room (when that fails, the device is synchronised). The blocks are found
-  // by walking c's segments, again after each one settled (a release merges blocks): a rare
-  // path, taken only when host memory ran out during a capture.
+  // by one walk of c's segments: a block that goes back to the cache merges with free
+  // neighbours, fills holes and may release its segment, but leaves the next allocated or
+  // pending block after it (where the walk goes on) in place, and a segment it releases
+  // holds no such block. (A rare path, taken only when host memory ran out in a capture.)
   void settle_in_place(stream_cache& c) noexcept
   {
     bool finished = false;  // the device's work is done
@@ -3266,7 +3268,7 @@ struct allocator_core::impl {
     }
     const auto settle = [&](const block_ref& r) {
       std::vector<native_stream>* uses = uses_of(c, r, false);
-      if (!finished && uses != nullptr && std::any_of(uses->begin(), uses->end(), is_marker)) return false;
+      if (!finished && uses != nullptr && std::any_of(uses->begin(), uses->end(), is_marker)) return;
       set_in_place(r, false);
       --c.in_place;
       std::size_t recorded = 0;
@@ -3294,22 +3296,28 @@ struct allocator_core::impl {
       } else {
         settle_one(c, r);  // its one wait
       }
-      return true;
     };
-    const auto next = [&]() -> bool {
-      for (segment* sg = c.segments; sg != nullptr; sg = sg->lnext) {
-        for (block* b = sg->head; b != nullptr; b = b->next) {
-          if (b->in_place && settle({b, nullptr, 0})) return true;
+    for (segment* sg = c.segments; sg != nullptr && c.in_place > 0;) {
+      segment* const next_segment = sg->lnext;  // (sg may be released)
+      for (block* b = sg->head; b != nullptr;) {
+        block* after = b->next;
+        while (after != nullptr && (after->state == block_state::free || after->state == k_unmapped)) {
+          after = after->next;
         }
+        if (b->in_place) settle({b, nullptr, 0});
+        b = after;
       }
-      for (const auto& [addr, sm] : c.small_dir) {
-        for (unsigned u = 0; u < k_seg_units; u += sm->units[u].size) {
-          if ((sm->units[u].flags & unit_entry::in_place) != 0 && settle({nullptr, sm, u})) return true;
-        }
+      sg = next_segment;
+    }
+    // (backwards: a small segment released leaves the entries before it where they were)
+    for (std::size_t i = c.small_dir.size(); i-- > 0 && c.in_place > 0;) {
+      small_segment* const sm = c.small_dir[i].second;
+      for (unsigned u = 0; u < k_seg_units;) {
+        unsigned after = u + sm->units[u].size;
+        while (after < k_seg_units && sm->free_at(after)) after += sm->units[after].size;
+        if ((sm->units[u].flags & unit_entry::in_place) != 0) settle({nullptr, sm, u});
+        u = after;  // (at the end when sm was released: it is not read again)
       }
-      return false;
-    };
-    while (c.in_place > 0 && next()) {
     }
   }
 
@@ -3320,22 +3328,27 @@ struct allocator_core::impl {
   void after_captures() noexcept
   {
     const std::lock_guard grow_guard{grow_mu};
-    // The streams destroyed during captures first, one at a time: the host waits for its
-    // fence, then the lists forget its marker and its deferred frees are settled. Nothing
-    // is allocated (a copy of the list that failed for memory once left the blocks that
-    // waited for such streams pending until another capture ended: tests/alloc_failure.cpp).
-    // A capture that begins meanwhile stops this: its end does the rest.
+    // The streams destroyed during captures first, up to k_batch at a time: the host waits
+    // for their fences, then one pass over the caches makes the lists forget their markers
+    // and settles their deferred frees. Nothing is allocated (a copy of the list that failed
+    // for memory once left the blocks that waited for such streams pending until another
+    // capture ended: tests/alloc_failure.cpp). A capture that begins meanwhile stops this:
+    // its end does the rest.
+    constexpr std::size_t k_batch = 16;
     for (;;) {
-      std::pair<native_stream, native_event> closed{};
+      std::array<std::pair<native_stream, native_event>, k_batch> closed{};
+      std::size_t n = 0;
       {
         const std::lock_guard g{closed_mu};
-        if (closed_fences.empty()) break;
-        closed = *closed_fences.begin();
+        for (auto it = closed_fences.begin(); it != closed_fences.end() && n < k_batch; ++it) closed[n++] = *it;
       }
+      if (n == 0) break;
       if (capturing()) return;  // another capture began: its end does this
-      const auto [marker, fence] = closed;
-      or_finish_device([&] { wait_fence(fence); });
-      const auto waited = [marker](native_stream u) { return u == marker; };
+      for (std::size_t i = 0; i < n; ++i) or_finish_device([&] { wait_fence(closed[i].second); });
+      const auto waited = [&](native_stream u) {
+        return is_marker(u) && std::any_of(closed.begin(), closed.begin() + static_cast<std::ptrdiff_t>(n),
+                                           [u](const auto& m) { return m.first == u; });
+      };
       const auto drop = [&](std::vector<native_stream>& u) { u.erase(std::remove_if(u.begin(), u.end(), waited), u.end()); };
       {
         std::shared_lock r{registry_mu};
@@ -3347,8 +3360,10 @@ struct allocator_core::impl {
         }
       }
       const std::lock_guard g{closed_mu};
-      if (fence != nullptr) up->destroy_event(fence);
-      closed_fences.erase(marker);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (closed[i].second != nullptr) up->destroy_event(closed[i].second);
+        closed_fences.erase(closed[i].first);
+      }
     }
     {
       std::shared_lock r{registry_mu};

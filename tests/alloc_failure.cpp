@@ -58,9 +58,11 @@ namespace {
 thread_local long t_countdown = -1;
 thread_local long t_failures = 0;
 thread_local std::size_t t_bytes = 0;  // bytes asked of operator new on this thread
+thread_local bool t_exhausted = false;  // every call fails (host memory all gone)
 
 bool fail_now() noexcept
 {
+  if (t_exhausted) return true;
   if (t_countdown < 0) return false;
   if (t_countdown-- == 0) {
     ++t_failures;
@@ -571,6 +573,73 @@ bool run_capture_frees(long n, int& steps)
   return run.failed();
 }
 
+// Many frees during a graph capture with no host memory at all (asynchronous backend, as
+// run_capture_frees): every one waits in place, side by side in the same segments (dense
+// small units, linked blocks of both pools, free neighbours between them, one block whose
+// other stream was destroyed in the capture), and the capture's end settles them all in one
+// walk (settle_in_place): after the other stream's work, every segment goes back.
+void capture_frees_exhausted()
+{
+  using host = depot::host;
+  const auto up = std::make_shared<depot::test::limiting_upstream<host>::counters>();
+  std::optional<depot::detail::allocator_core> core;
+  core.emplace(std::make_unique<depot::test::limiting_upstream<host>>(std::numeric_limits<std::size_t>::max(), up),
+               depot::allocator_config{}, /*asynchronous=*/true);
+  depot::stream<host> s1;
+  depot::stream<host> s2;
+  std::optional<depot::stream<host>> s3;
+  s3.emplace();
+  const auto whole = [&] { depot::test::check_invariants(core->stats(), core->snapshot()); };
+  // Large blocks cut from one segment, small ones from a few: a 60 MiB and a 1.5 MiB block
+  // freed first leave cached segments that the blocks after them split.
+  core->deallocate(core->allocate(60 * MiB, s1.native()), nullptr, false, 0);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 12; ++i) blocks.push_back(core->allocate(std::size_t{4} * MiB, s1.native()));
+  for (int i = 0; i < 24; ++i) blocks.push_back(core->allocate(std::size_t{4} * KiB, s1.native()));
+  for (int i = 0; i < 12; ++i) blocks.push_back(core->allocate(100 * KiB, s1.native()));
+  for (void* p : blocks) core->record_stream(p, s2.native());
+  core->record_stream(blocks[5], s3->native());
+  core->record_stream(blocks[20], s3->native());
+  // Every third block freed before the capture: free neighbours of the blocks freed in it.
+  std::vector<void*> in_capture;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (i % 3 == 2 && i != 5 && i != 20) {
+      core->deallocate(blocks[i], nullptr, false, 0);
+    } else {
+      in_capture.push_back(blocks[i]);
+    }
+  }
+  const std::uint64_t pool = core->begin_capture(s1.native(), 0);
+  s3.reset();  // its uses become a marker, its fence waited for at the capture's end
+  t_exhausted = true;
+  std::size_t n = 0;
+  for (void* p : in_capture) {
+    // (on the block's stream, or named on another: a free then lists its stream)
+    if (n++ % 4 == 0) {
+      core->deallocate(p, s2.native(), true, 0);
+    } else {
+      core->deallocate(p, nullptr, false, 0);
+    }
+  }
+  t_exhausted = false;
+  INFO(in_capture.size(), " blocks freed in the capture with no host memory");
+  whole();
+  CHECK(core->stats().allocated_bytes.all.current == 0);
+  core->end_capture(s1.native());
+  core->release_capture_pool(pool);
+  whole();
+  s2.synchronize();
+  core->empty_cache();
+  whole();
+  const depot::memory_stats st = core->stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.active_bytes.all.current == 0);
+  CHECK(st.reserved_bytes.all.current == 0);  // every block waiting in place came back
+  core.reset();
+  CHECK(up->outstanding.load() == 0);
+  CHECK(up->events.load() == 0);
+}
+
 // Reading snapshots and traces back (trace_file.hpp, the tools' input) and writing them:
 // each call completes with what an unarmed call gives, or throws std::bad_alloc (never
 // std::terminate: no JSON document is freed while memory runs out).
@@ -699,4 +768,9 @@ TEST_CASE("pool: every host allocation of reading a snapshot or a trace back fai
 TEST_CASE("pool: every host allocation of frees during a graph capture fails in turn (asynchronous backend)")
 {
   every_failure([](long n, int& s) { return run_capture_frees(n, s); }, 20);
+}
+
+TEST_CASE("pool: frees during a graph capture with no host memory at all wait in place, then all come back")
+{
+  capture_frees_exhausted();
 }

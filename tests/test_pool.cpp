@@ -2980,6 +2980,55 @@ TEST_CASE("pool: a stream destroyed during a graph capture is ordered by a fence
   check_invariants(st, a.snapshot());
 }
 
+// More streams destroyed during one capture than the capture's end takes at a time
+// (after_captures waits for their fences in batches, then one pass over the caches): each
+// fence is waited for once, and every block whose other stream went is free again.
+TEST_CASE("pool: forty streams destroyed during one graph capture are each waited for once")
+{
+  const std::size_t n = each_block_kind();
+  CAPTURE(n);
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a = async_core(ev);
+  const auto s1 = fake_stream(0x1000);  // the blocks' stream
+  const auto s3 = fake_stream(0x3000);  // the capture's
+  const depot::device_id dev = ev->streams;
+  constexpr int k_streams = 40;
+  std::vector<void*> blocks;
+  for (int i = 0; i < k_streams; ++i) {
+    const std::uintptr_t h = 0x10000 + 0x100 * static_cast<std::uintptr_t>(i);
+    depot::stream_registry::opened(dev, fake_stream(h));
+    blocks.push_back(a.allocate(n, s1));
+    a.record_stream(blocks.back(), fake_stream(h));
+  }
+  const std::uint64_t pool = a.begin_capture(s3, 0);
+  ev->capture = true;
+  const int recorded = ev->recorded;
+  for (int i = 0; i < k_streams; ++i) {
+    const std::uintptr_t h = 0x10000 + 0x100 * static_cast<std::uintptr_t>(i);
+    if (i % 2 == 0) a.deallocate(blocks[static_cast<std::size_t>(i)], s1, true, 0);  // before its stream goes
+    depot::stream_registry::closing(dev, fake_stream(h));
+    ev->dead.insert(h);
+    if (i % 2 == 1) a.deallocate(blocks[static_cast<std::size_t>(i)], s1, true, 0);  // after
+  }
+  CHECK(ev->forbidden == 0);
+  CHECK(ev->recorded == recorded + k_streams);  // the fences
+  CHECK(pending_in(a) == k_streams);
+  ev->capture = false;
+  const int waits = ev->waits;
+  a.end_capture(s3);
+  CHECK(ev->waits == waits + k_streams);
+  CHECK(ev->recorded == recorded + k_streams);  // no event on a dead stream
+  CHECK(ev->dead_records == 0);
+  CHECK(pending_in(a) == 0);
+  CHECK(ev->open.empty());  // every fence destroyed
+  a.release_capture_pool(pool);
+  a.empty_cache();
+  const depot::memory_stats st = a.stats();
+  CHECK(st.allocated_bytes.all.current == 0);
+  CHECK(st.reserved_bytes.all.current == 0);
+  check_invariants(st, a.snapshot());
+}
+
 TEST_CASE("pool: a graph capture gets a private pool, and no call that would invalidate it (asynchronous backend)")
 {
   // The capture's rules, on the CPU: while a capture is under way nothing may be queried,
