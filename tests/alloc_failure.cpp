@@ -505,6 +505,40 @@ bool run_c_api(long n, int& steps)
   return run.failed();
 }
 
+// The host's upstream (real host events) under an allocator told it is asynchronous, as a
+// GPU's is, so the host takes the paths CUDA and HIP take; the upstream counts what the
+// allocator holds of it.
+struct async_host_core {
+  using host = depot::host;
+  std::shared_ptr<depot::test::limiting_upstream<host>::counters> up =
+      std::make_shared<depot::test::limiting_upstream<host>::counters>();
+  std::optional<depot::detail::allocator_core> core;
+  depot::stream<host> s1;
+  depot::stream<host> s2;
+
+  async_host_core()
+  {
+    core.emplace(std::make_unique<depot::test::limiting_upstream<host>>(std::numeric_limits<std::size_t>::max(), up),
+                 depot::allocator_config{}, /*asynchronous=*/true);
+  }
+  void whole() const { depot::test::check_invariants(core->stats(), core->snapshot()); }
+  // Every block came back (s2's work done): after empty_cache nothing is allocated, active
+  // or reserved, and once the allocator is gone it holds nothing of the upstream.
+  void all_back()
+  {
+    s2.synchronize();
+    core->empty_cache();
+    whole();
+    const depot::memory_stats st = core->stats();
+    CHECK(st.allocated_bytes.all.current == 0);
+    CHECK(st.active_bytes.all.current == 0);
+    CHECK(st.reserved_bytes.all.current == 0);  // every deferred free came back
+    core.reset();
+    CHECK(up->outstanding.load() == 0);
+    CHECK(up->events.load() == 0);
+  }
+};
+
 // Frees during a graph capture of blocks that another stream used, on an asynchronous
 // backend: the host's upstream (real host events) under an allocator told it is
 // asynchronous, as a GPU's is, so the host takes the paths CUDA and HIP take. With no host
@@ -515,13 +549,11 @@ bool run_capture_frees(long n, int& steps)
 {
   using host = depot::host;
   armed_steps run{n, steps};
-  const auto up = std::make_shared<depot::test::limiting_upstream<host>::counters>();
-  std::optional<depot::detail::allocator_core> core;
-  core.emplace(std::make_unique<depot::test::limiting_upstream<host>>(std::numeric_limits<std::size_t>::max(), up),
-               depot::allocator_config{}, /*asynchronous=*/true);
-  depot::stream<host> s1;
-  depot::stream<host> s2;
-  const auto whole = [&] { depot::test::check_invariants(core->stats(), core->snapshot()); };
+  async_host_core h;
+  auto& core = h.core;
+  depot::stream<host>& s1 = h.s1;
+  depot::stream<host>& s2 = h.s2;
+  const auto whole = [&] { h.whole(); };
   const auto step = [&](const char* what, const std::function<void()>& call, bool is_free = false) {
     run.checked("capture", what, call, is_free, whole);
   };
@@ -562,14 +594,7 @@ bool run_capture_frees(long n, int& steps)
   void* again = nullptr;
   step("allocate after the capture", [&] { again = core->allocate(30 * MiB, s1.native()); });
   step("free", [&] { core->deallocate(again, nullptr, false, 0); }, true);
-  core->empty_cache();
-  whole();
-  const depot::memory_stats st = core->stats();
-  CHECK(st.allocated_bytes.all.current == 0);
-  CHECK(st.reserved_bytes.all.current == 0);  // every deferred free came back
-  core.reset();
-  CHECK(up->outstanding.load() == 0);
-  CHECK(up->events.load() == 0);
+  h.all_back();
   return run.failed();
 }
 
@@ -581,15 +606,13 @@ bool run_capture_frees(long n, int& steps)
 void capture_frees_exhausted()
 {
   using host = depot::host;
-  const auto up = std::make_shared<depot::test::limiting_upstream<host>::counters>();
-  std::optional<depot::detail::allocator_core> core;
-  core.emplace(std::make_unique<depot::test::limiting_upstream<host>>(std::numeric_limits<std::size_t>::max(), up),
-               depot::allocator_config{}, /*asynchronous=*/true);
-  depot::stream<host> s1;
-  depot::stream<host> s2;
+  async_host_core h;
+  auto& core = h.core;
+  depot::stream<host>& s1 = h.s1;
+  depot::stream<host>& s2 = h.s2;
   std::optional<depot::stream<host>> s3;
   s3.emplace();
-  const auto whole = [&] { depot::test::check_invariants(core->stats(), core->snapshot()); };
+  const auto whole = [&] { h.whole(); };
   // Large blocks cut from one segment, small ones from a few: a 60 MiB and a 1.5 MiB block
   // freed first leave cached segments that the blocks after them split.
   core->deallocate(core->allocate(60 * MiB, s1.native()), nullptr, false, 0);
@@ -628,16 +651,7 @@ void capture_frees_exhausted()
   core->end_capture(s1.native());
   core->release_capture_pool(pool);
   whole();
-  s2.synchronize();
-  core->empty_cache();
-  whole();
-  const depot::memory_stats st = core->stats();
-  CHECK(st.allocated_bytes.all.current == 0);
-  CHECK(st.active_bytes.all.current == 0);
-  CHECK(st.reserved_bytes.all.current == 0);  // every block waiting in place came back
-  core.reset();
-  CHECK(up->outstanding.load() == 0);
-  CHECK(up->events.load() == 0);
+  h.all_back();  // every block waiting in place came back
 }
 
 // Reading snapshots and traces back (trace_file.hpp, the tools' input) and writing them:
