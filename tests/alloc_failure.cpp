@@ -34,6 +34,7 @@
 #include <depot/pool/caching_allocator.hpp>
 #include <depot/pool/detail/allocator_core.hpp>
 #include <depot/pool/fixed_pool.hpp>
+#include <depot/pool/ipc_handle.hpp>
 #include <depot/pool/pool.hpp>
 #include <depot/pool/trace_file.hpp>
 #include <depot/config.hpp>
@@ -336,6 +337,61 @@ bool run_script(long n, const depot::allocator_config& cfg, int& steps)
   CHECK(up->outstanding.load() == 0);  // segments and mapped pages
   CHECK(up->reservations.load() == 0);
   CHECK(up->events.load() == 0);
+  return run.failed();
+}
+
+// Blocks shared with other processes (ipc_export), the exporter's side: blocks of every
+// kind exported (their segments' importer-count slots, an expandable block's page
+// descriptors), the handles written as text and read back, then freed and their segments
+// released, each step armed. A backend that cannot share memory (the host) exports through
+// the test upstream's stand-ins (limiting_upstream::stand_in_exports), so the allocator's
+// bookkeeping of exports runs in CI; a GPU's exports are real.
+template <depot::device D>
+bool run_ipc(long n, const depot::allocator_config& cfg, int& steps)
+{
+  const auto up = std::make_shared<typename depot::test::limiting_upstream<D>::counters>();
+  auto owned = std::make_unique<depot::test::limiting_upstream<D>>(std::numeric_limits<std::size_t>::max(), up);
+  owned->stand_in_exports = !depot::runtime<D>::has_ipc;
+  std::optional<depot::caching_allocator<D>> allocator;
+  allocator.emplace(std::move(owned), cfg);
+  depot::caching_allocator<D>& a = *allocator;
+  armed_steps run{n, steps};
+  const auto step = [&](const char* what, const std::function<void()>& call, bool is_free = false) {
+    run.checked("ipc", what, call, is_free, [&] { depot::test::check_invariants(a); });
+  };
+  // A dense small block, a linked small one, a large one sharing its segment, one with a
+  // segment of its own; each after a neighbour of its size (unarmed: the allocator's script
+  // covers allocation).
+  std::vector<void*> blocks;
+  for (std::size_t bytes : {std::size_t{3000}, 300 * KiB, 6 * MiB + 5, 12 * MiB + 5}) {
+    blocks.push_back(a.allocate(bytes));
+    blocks.push_back(a.allocate(bytes));
+  }
+  std::vector<depot::ipc_handle> handles(blocks.size());
+  std::vector<std::string> texts(blocks.size());
+  for (std::size_t i = 1; i < blocks.size(); i += 2) {
+    step("ipc_export", [&] { handles[i] = a.ipc_export(blocks[i]); });
+    step("ipc_export again", [&] { handles[i - 1] = a.ipc_export(blocks[i]); });
+    // (handle texts name a GPU: the host's stand-in handles travel as cuda:0's)
+    if (handles[i].device.kind == depot::device_kind::host) handles[i].device.kind = depot::device_kind::cuda;
+    step("to_hex", [&] { texts[i] = handles[i].to_hex(); });
+    depot::ipc_handle back;
+    step("from_hex", [&] { back = depot::ipc_handle::from_hex(texts[i]); });
+    CHECK(back == handles[i]);
+  }
+  bool exported = false;
+  step("snapshot", [&] {
+    for (const auto& seg : a.snapshot().segments) exported = exported || seg.exported;
+  });
+  CHECK(exported);
+  for (void* p : blocks) step("free an exported block or its neighbour", [&] { a.deallocate(p); }, true);
+  step("empty_cache", [&] { a.empty_cache(); });
+  depot::test::check_invariants(a);
+  CHECK(a.stats().reserved_bytes.all.current == 0);  // no importer held an exported segment
+  allocator.reset();
+  INFO("allocation ", n, " failing");
+  CHECK(up->outstanding.load() == 0);
+  CHECK(up->reservations.load() == 0);
   return run.failed();
 }
 
@@ -735,6 +791,21 @@ TEST_CASE_TEMPLATE("pool: every host allocation of the allocator's bookkeeping f
     depot::allocator_config cfg;
     cfg.expandable_segments = true;
     every_failure<D>(cfg);
+  }
+}
+
+TEST_CASE_TEMPLATE("pool: every host allocation of exporting blocks to other processes fails in turn", D,
+                   DEPOT_TEST_DEVICES)
+{
+  SUBCASE("default settings")
+  {
+    every_failure([](long n, int& s) { return run_ipc<D>(n, depot::allocator_config{}, s); }, 20);
+  }
+  SUBCASE("expandable segments")
+  {
+    depot::allocator_config cfg;
+    cfg.expandable_segments = true;
+    every_failure([&](long n, int& s) { return run_ipc<D>(n, cfg, s); }, 20);
   }
 }
 
