@@ -2922,20 +2922,7 @@ struct allocator_core::impl {
       up->synchronize_device();
       return;
     }
-    follow_idle_or(c.stream, wait);
-  }
-
-  // follow_stream(s, wait), unless s is idle (every piece of its work done): then nothing
-  // need follow it. One backend call (cudaStreamQuery) where an event and a wait were two
-  // and two takes of the event pool's lock (a steal on CUDA: a thread alternating among 4
-  // streams steals at ~2 % of its allocations at requests to 64 MiB); one call more where
-  // s is busy. Never during a graph capture (no stream may be queried then): the callers
-  // are the miss path's steals and the host's waits, neither taken during one.
-  template <class Wait>
-  void follow_idle_or(native_stream s, Wait wait)
-  {
-    if (up->stream_done(s)) return;
-    follow_stream(s, wait);
+    follow_stream(c.stream, wait);
   }
 
   // `wait(event)` follows the work queued on stream s so far: an event recorded there,
@@ -3096,7 +3083,7 @@ struct allocator_core::impl {
       close_in_capture(s);
       return;
     }
-    or_finish_device([&] { follow_idle_or(s, [&](native_event e) { up->wait_event(e); }); });
+    or_finish_device([&] { follow_stream(s, [&](native_event e) { up->wait_event(e); }); });
     const auto drop = [s](std::vector<native_stream>& u) { u.erase(std::remove(u.begin(), u.end(), s), u.end()); };
     std::shared_lock r{registry_mu};
     each_cache_locked([&](stream_cache& c) {

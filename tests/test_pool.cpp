@@ -1992,9 +1992,6 @@ class manual_event_upstream final : public depot::upstream_resource {
     std::set<std::uintptr_t> dead;
     int dead_records = 0;
     std::uintptr_t last_record_stream = 0;
-    // Streams the test says have no work left (stream_done); every query counted.
-    std::set<std::uintptr_t> idle;
-    int stream_queries = 0;
     depot::device_id streams{depot::device_kind::host, 0};  // stream_device()
     std::mutex mu;  // held by every call below (a test reads the fields between calls)
   };
@@ -2049,13 +2046,6 @@ class manual_event_upstream final : public depot::upstream_resource {
     ++s_->stream_waits;
     s_->waiting_stream = reinterpret_cast<std::uintptr_t>(s);
     s_->waited_event = id(e);
-  }
-  bool stream_done(depot::native_stream s) override
-  {
-    const std::lock_guard g{s_->mu};
-    s_->forbidden += s_->capture ? 1 : 0;
-    ++s_->stream_queries;
-    return s_->idle.count(reinterpret_cast<std::uintptr_t>(s)) != 0;
   }
   void destroy_event(depot::native_event e) noexcept override
   {
@@ -2847,36 +2837,6 @@ TEST_CASE_TEMPLATE("pool: a stream destroyed while a live block lists it is wait
   MESSAGE("an unlisted stream's destruction took ", ms3, " ms (not asserted: under compute-sanitizer every stream "
           "destruction waits)");
   check_invariants(a);
-}
-
-// The same destruction on an asynchronous backend, counted: a busy stream is waited for (an
-// event on it, waited for by the host), an idle one (its work all done) is not: one query.
-TEST_CASE("pool: a destroyed stream that live blocks list is waited for only while it has work")
-{
-  bool idle = false;
-  SUBCASE("busy") {}
-  SUBCASE("idle") { idle = true; }
-  CAPTURE(idle);
-  auto ev = std::make_shared<manual_event_upstream::state>();
-  depot::detail::allocator_core a = async_core(ev);
-  const auto s1 = fake_stream(0x1000);
-  const auto s2 = fake_stream(0x2000);
-  const depot::device_id dev = ev->streams;
-  depot::stream_registry::opened(dev, s2);
-  void* x = a.allocate(4 * MiB, s1);
-  a.record_stream(x, s2);
-  if (idle) ev->idle.insert(0x2000);
-  const int recorded = ev->recorded;
-  depot::stream_registry::closing(dev, s2);
-  CHECK(ev->stream_queries == 1);
-  CHECK(ev->recorded == recorded + (idle ? 0 : 1));
-  CHECK(ev->waits == (idle ? 0 : 1));
-  CHECK(ev->open.empty());
-  a.deallocate(x, s1, true, 0);
-  CHECK(ev->recorded == recorded + (idle ? 0 : 1));  // the block forgot s2: no event for it
-  CHECK(pending_in(a) == 0);
-  a.empty_cache();
-  CHECK(a.stats().reserved_bytes.all.current == 0);
 }
 
 // A block a capture allocated, still live when its pool was released (the pool's cache is
@@ -4409,31 +4369,7 @@ TEST_CASE("pool: steals and reused handles are ordered by events where the strea
     CHECK(ev->waited_event == ev->next);  // the event just recorded on the victim
     CHECK(ev->syncs == 0);
     CHECK(ev->open.empty());  // destroyed once the wait was queued
-    CHECK(ev->stream_queries == 1);  // (busy: the victim's work was not all done)
     a->deallocate(y, thief.native(), true, 0);
-  }
-  SUBCASE("a live depot::stream with no work left: nothing to follow, one query") {
-    depot::stream<depot::host> victim;
-    void* x = a->allocate(n, victim.native());
-    a->deallocate(x, victim.native(), true, 0);
-    ev->idle.insert(addr(victim.native()));
-    const int recorded = ev->recorded;
-    void* y = a->allocate(n, thief.native());
-    CHECK(y == x);
-    CHECK(ev->stream_queries == 1);
-    CHECK(ev->recorded == recorded);  // no event
-    CHECK(ev->stream_waits == 0);     // and no wait on the thief's stream
-    CHECK(ev->syncs == 0);
-    CHECK(ev->forbidden == 0);
-    a->deallocate(y, thief.native(), true, 0);
-    // Stolen back while the thief's stream is busy: an event and a wait again.
-    void* z = a->allocate(n, victim.native());
-    CHECK(z == x);
-    CHECK(ev->stream_queries == 2);
-    CHECK(ev->recorded == recorded + 1);
-    CHECK(ev->stream_waits == 1);
-    CHECK(ev->waiting_stream == addr(victim.native()));
-    a->deallocate(z, victim.native(), true, 0);
   }
   // A raw handle may be destroyed at any time: the device's work is finished. The default
   // stream (and the per-thread ones, handles 1 and 2) never is: an event on it.

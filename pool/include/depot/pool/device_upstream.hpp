@@ -91,7 +91,6 @@ class device_upstream final : public upstream_resource {
   {
     runtime<D>::wait_event(stream, event);
   }
-  [[nodiscard]] bool stream_done(native_stream stream) override { return runtime<D>::query_stream(stream); }
   void destroy_event(native_event event) noexcept override
   {
     if (event == nullptr) return;

@@ -44,14 +44,6 @@ class upstream_resource {
   // Work queued on `stream` after this waits for `event` (does not block the host).
   virtual void stream_wait(native_stream stream, native_event event) = 0;
   virtual void destroy_event(native_event event) noexcept = 0;
-  // Whether every piece of work queued on `stream` so far is complete (an idle stream: no
-  // event need follow it). false when this upstream cannot tell (the default). Never asked
-  // during a graph capture. Throws what the backend throws.
-  [[nodiscard]] virtual bool stream_done(native_stream stream)
-  {
-    (void)stream;
-    return false;
-  }
   // Blocks until all work on the device is done (whatever streams it was queued on).
   virtual void synchronize_device() = 0;
   // Virtual memory, for expandable segments (allocator_config::expandable_segments).
