@@ -999,6 +999,62 @@ void alloc_destroy(nlohmann::json& out)
   }
 }
 
+// Frees from another thread (a consumer freeing what a producer made, with no stream named
+// or naming it): 16 streams whose caches a producer thread used (their locks biased to it),
+// then blocks it made on the last stream freed by a consumer thread, unnamed (the block is
+// looked for beyond the consumer's own cache: lookup_elsewhere) and named on the block's
+// stream (found at once), ns per free, median of 5 runs; and the barriers the unnamed
+// frees issued (revoking the producer's biases). On a simulated asynchronous device.
+void alloc_cross_thread(nlohmann::json& out)
+{
+  constexpr int streams = 16;
+  constexpr int blocks = 20000;
+  const device_id dev{device_kind::cuda, 0};  // (simulated: no GPU is used)
+  detail::allocator_core a{std::make_unique<simulated_upstream>(std::size_t{1} << 40, dev), allocator_config{}, true};
+  const auto stream_of = [](int k) {
+    return reinterpret_cast<native_stream>(std::uintptr_t{0x10000} + 0x100 * static_cast<unsigned>(k));
+  };
+  std::vector<void*> made(blocks);
+  double ns[2] = {};
+  std::uint64_t barriers = 0;
+  for (const bool named : {false, true}) {
+    std::vector<double> runs;
+    for (int r = 0; r < 5; ++r) {
+      // The producer stays alive while the consumer frees (a bias to a thread that has
+      // exited is dropped without a barrier).
+      std::atomic<int> phase{0};
+      std::thread producer([&] {
+        for (int k = 0; k < streams; ++k) {
+          for (int i = 0; i < 1000; ++i) a.deallocate(a.allocate(4096, stream_of(k)), stream_of(k), true, 0);
+        }
+        for (void*& p : made) p = a.allocate(4096, stream_of(streams - 1));
+        phase = 1;
+        while (phase.load() != 2) std::this_thread::sleep_for(std::chrono::microseconds{100});
+      });
+      while (phase.load() != 1) std::this_thread::yield();
+      const std::uint64_t b0 = detail::biased_mutex::barriers();
+      double elapsed = 0;
+      std::thread consumer([&] {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (void* p : made) a.deallocate(p, stream_of(streams - 1), named, 0);
+        elapsed = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+      });
+      consumer.join();
+      if (!named) barriers += detail::biased_mutex::barriers() - b0;
+      phase = 2;
+      producer.join();
+      runs.push_back(elapsed / blocks);
+    }
+    ns[named ? 1 : 0] = median(runs);
+  }
+  const double per_run = static_cast<double>(barriers) / 5;
+  std::printf("frees from another thread, %d streams the producer used, %d blocks of the last, ns per free (median of "
+              "5): unnamed %.1f, named %.1f (ratio %.2f; %.1f barriers per run)\n",
+              streams, blocks, ns[0], ns[1], ns[0] / ns[1], per_run);
+  out = {{"streams", streams}, {"blocks", blocks}, {"unnamed_ns", ns[0]}, {"named_ns", ns[1]},
+         {"barriers_per_run", per_run}};
+}
+
 }  // namespace
 
 nlohmann::json run_live(const options& opts)
@@ -1052,16 +1108,18 @@ nlohmann::json run_alloc(const options& opts)
   nlohmann::json reader;
   nlohmann::json destroy;
   nlohmann::json fixed;
+  nlohmann::json cross;
   if (!opts.alloc_rows_only) {
     alloc_lock(lock);
     alloc_reader(reader);
     alloc_destroy(destroy);
+    alloc_cross_thread(cross);
     alloc_fixed(fixed);
   }
   return nlohmann::json{{"suite", "alloc"},           {"seed", opts.seed},   {"rows", rows},
                         {"growing", growing},         {"map_pages", maps},   {"hole_misses", hole_misses},
                         {"cache_lock", lock},         {"stats_reader", reader}, {"stream_destruction", destroy},
-                        {"fixed_pool", fixed}};
+                        {"cross_thread_frees", cross}, {"fixed_pool", fixed}};
 }
 
 }  // namespace depot::bench
