@@ -6480,6 +6480,31 @@ TEST_CASE_TEMPLATE("pool: frees from another stream or another thread find their
   a.deallocate(again);
   CHECK_THROWS_AS(a.deallocate(x, s2), depot::invalid_argument);  // already freed
   check_invariants(a);
+  // A consumer thread freeing, unnamed, a producer's blocks of several streams: a free
+  // looks in the cache of the thread's last free first (where a producer's next block
+  // usually is), then in the others. In runs of one stream and alternating among them, so
+  // that cache is sometimes the block's and sometimes not; each is found once, then refused.
+  std::vector<depot::stream<D>> streams(4);
+  std::vector<void*> made;
+  for (int i = 0; i < 12; ++i) made.push_back(a.allocate(4096, streams[3]));  // a run of one stream
+  for (int i = 0; i < 24; ++i) made.push_back(a.allocate(4096 * (1 + i % 3), streams[static_cast<std::size_t>(i % 4)]));
+  made.push_back(a.allocate(5 * MiB, streams[1]));  // a large block among them
+  int refused = 0;
+  std::thread consumer{[&] {
+    for (void* p : made) a.deallocate(p);
+    for (void* p : made) {
+      try {
+        a.deallocate(p);
+      } catch (const depot::invalid_argument&) {
+        ++refused;
+      }
+    }
+  }};
+  consumer.join();
+  CHECK(refused == static_cast<int>(made.size()));
+  for (auto& s : streams) s.synchronize();
+  CHECK(a.stats().allocated_bytes.all.current == 0);
+  check_invariants(a);
 }
 
 TEST_CASE_TEMPLATE("pool: a free whose stream cannot take an event still frees its block", D,
