@@ -3221,12 +3221,15 @@ struct allocator_core::impl {
     });
   }
 
-  // The host waits for the work a marker stands for (no capture under way).
+  // The host waits for the work a marker stands for (no capture under way). A free that
+  // reads a marker in a block's list holds that block's cache lock, and after_captures()
+  // drops a batch's markers from every cache's lists, each under its lock, before it
+  // forgets their fences: so the fence is found. Were it not, its wait happened already.
   void wait_closed(native_stream marker)
   {
     const std::lock_guard g{closed_mu};
     const auto it = closed_fences.find(marker);
-    if (it != closed_fences.end()) wait_fence(it->second);  // (else forgotten: already waited for)
+    if (it != closed_fences.end()) wait_fence(it->second);
   }
 
   // The frees deferred in c whose stream `done(s)` says finished: one wait each settled.
