@@ -23,6 +23,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <algorithm>
 #include <tuple>
 #include <vector>
 
@@ -80,10 +81,21 @@ struct segment_key {
   ipc_memory_handle memory;
   std::uint64_t page;
   std::vector<std::int32_t> fds;
-  friend bool operator<(const segment_key& a, const segment_key& b) noexcept
+};
+
+// The order of segment keys, which also compares a key with a handle's own fields (the
+// same names): a lookup by handle copies nothing, so ipc_detach, which may not throw,
+// allocates nothing (a key made for its lookup copied the pages' descriptors: std::bad_alloc
+// in a noexcept function, std::terminate, when host memory ran out; tests/alloc_failure.cpp).
+struct segment_order {
+  using is_transparent = void;
+  template <class A, class B>
+  bool operator()(const A& a, const B& b) const noexcept
   {
-    return std::tie(a.device, a.process, a.segment, a.memory.bytes, a.page, a.fds) <
-           std::tie(b.device, b.process, b.segment, b.memory.bytes, b.page, b.fds);
+    const auto x = std::tie(a.device, a.process, a.segment, a.memory.bytes, a.page);
+    const auto y = std::tie(b.device, b.process, b.segment, b.memory.bytes, b.page);
+    if (x != y) return x < y;
+    return std::lexicographical_compare(a.fds.begin(), a.fds.end(), b.fds.begin(), b.fds.end());
   }
 };
 
@@ -103,9 +115,9 @@ std::mutex& registry_mutex()
   static std::mutex m;
   return m;
 }
-std::map<segment_key, opened>& registry()
+std::map<segment_key, opened, segment_order>& registry()
 {
-  static auto* r = new std::map<segment_key, opened>;  // outlives static destructors
+  static auto* r = new std::map<segment_key, opened, segment_order>;  // outlives static destructors
   return *r;
 }
 
@@ -428,7 +440,7 @@ void ipc_detach(const ipc_handle& h, const ipc_backend& backend) noexcept
   if (h.process == process_id()) return;
   std::lock_guard g{registry_mutex()};
   auto& r = registry();
-  auto it = r.find(key_of(h));
+  auto it = r.find(h);  // (allocates nothing)
   if (it == r.end()) return;
   if (--it->second.users == 0) {
     if (h.expandable()) {

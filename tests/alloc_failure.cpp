@@ -22,6 +22,7 @@
 // DEPOT_FAIL_ALLOCATION=n runs each script once with only the n-th allocation failing (the
 // failing step is named in the test's output), for a debugger's `catch throw`;
 // DEPOT_FAIL_EVERY=k fails only every k-th allocation in turn (for instrumented runs).
+#include "ipc_child_process.hpp"
 #include "limiting_upstream.hpp"
 #include "pool_invariants.hpp"
 #include "test_devices.hpp"
@@ -35,9 +36,15 @@
 #include <depot/pool/detail/allocator_core.hpp>
 #include <depot/pool/fixed_pool.hpp>
 #include <depot/pool/ipc_handle.hpp>
+#include <depot/pool/ipc_mapping.hpp>
 #include <depot/pool/pool.hpp>
 #include <depot/pool/trace_file.hpp>
 #include <depot/config.hpp>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -392,6 +399,199 @@ bool run_ipc(long n, const depot::allocator_config& cfg, int& steps)
   INFO("allocation ", n, " failing");
   CHECK(up->outstanding.load() == 0);
   CHECK(up->reservations.load() == 0);
+  return run.failed();
+}
+
+// The importing side of sharing (detail::ipc_attach and ipc_detach: what ipc_mapping does
+// over the backend), with a stand-in backend (anonymous memory for a segment's handle, the
+// pages' descriptors mapped for an expandable block's), against an exporter that is a real
+// other process: a child holding an importer-count file (an ordinary segment's) and three
+// memfd pages (an expandable block's). Each step armed: a failed attach leaves nothing
+// open, counted or listed, and the same attach succeeds after.
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+struct stand_in_backend {
+  static constexpr std::size_t k_page = 4096;
+  static inline int opens = 0;
+  static inline int closes = 0;
+  static void* open(const depot::ipc_memory_handle&, int)
+  {
+    void* p = ::mmap(nullptr, k_page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc{};
+    ++opens;
+    return p;
+  }
+  static void close(void* p, int) noexcept
+  {
+    ::munmap(p, k_page);
+    ++closes;
+  }
+  static void* open_pages(const int* fds, std::size_t count, std::size_t page, int)
+  {
+    void* base = ::mmap(nullptr, count * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) throw std::bad_alloc{};
+    for (std::size_t i = 0; i < count; ++i) {
+      if (::mmap(static_cast<char*>(base) + i * page, page, PROT_READ, MAP_SHARED | MAP_FIXED, fds[i], 0) == MAP_FAILED) {
+        ::munmap(base, count * page);
+        throw std::bad_alloc{};
+      }
+    }
+    ++opens;
+    return base;
+  }
+  static void close_pages(void* p, std::size_t count, std::size_t page, int) noexcept
+  {
+    ::munmap(p, count * page);
+    ++closes;
+  }
+  static constexpr depot::detail::ipc_backend backend{&open, &close, &open_pages, &close_pages};
+};
+
+// The exporter: a child process that holds an importer-count file and three pages, each a
+// memfd, until told to exit; the parent also keeps three pages of its own (a received
+// block's descriptors: ipc_received) and a view of the child's counts.
+struct ipc_exporter_child {
+  pid_t pid = -1;
+  int remote[4] = {};  // the child's descriptors: the counts, then the pages
+  int counts = -1;     // this process's descriptor of the child's counts file
+  int own[3] = {-1, -1, -1};
+  int to_child = -1;
+
+  ipc_exporter_child()
+  {
+    int up[2];
+    int down[2];
+    REQUIRE(::pipe(up) == 0);
+    REQUIRE(::pipe(down) == 0);
+    depot::test::allow_children_to_take_descriptors();  // (not needed: the parent takes them)
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {  // only system calls here, then _exit
+      ::close(up[0]);
+      ::close(down[1]);  // (else the read below never sees the parent's end close)
+      int fds[4];
+      fds[0] = ::memfd_create("depot-ipc-importers", MFD_CLOEXEC);
+      bool ok = fds[0] >= 0 && ::ftruncate(fds[0], 4096) == 0;
+      for (int i = 1; i < 4; ++i) {
+        fds[i] = ::memfd_create("depot-test-page", MFD_CLOEXEC);
+        ok = ok && fds[i] >= 0 && ::ftruncate(fds[i], static_cast<off_t>(stand_in_backend::k_page)) == 0;
+      }
+      if (!ok || ::write(up[1], fds, sizeof fds) != static_cast<ssize_t>(sizeof fds)) ::_exit(1);
+      char c = 0;
+      (void)::read(down[0], &c, 1);
+      ::_exit(0);
+    }
+    ::close(up[1]);
+    ::close(down[0]);
+    to_child = down[1];
+    REQUIRE(::read(up[0], remote, sizeof remote) == static_cast<ssize_t>(sizeof remote));
+    ::close(up[0]);
+    const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(remote[0]);
+    counts = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(counts >= 0);
+    for (int& f : own) {
+      f = ::memfd_create("depot-test-own-page", MFD_CLOEXEC);
+      REQUIRE(f >= 0);
+      REQUIRE(::ftruncate(f, static_cast<off_t>(stand_in_backend::k_page)) == 0);
+    }
+  }
+  ipc_exporter_child(const ipc_exporter_child&) = delete;
+  ipc_exporter_child& operator=(const ipc_exporter_child&) = delete;
+  ~ipc_exporter_child()
+  {
+    for (int f : own) ::close(f);
+    ::close(counts);
+    ::close(to_child);  // the child's read returns: it exits
+    CHECK(depot::test::exit_status(pid) == 0);
+  }
+  // The importers counted in slot 0 of the child's file.
+  [[nodiscard]] std::int64_t importers() const
+  {
+    std::int64_t v = -1;
+    REQUIRE(::pread(counts, &v, sizeof v, 0) == static_cast<ssize_t>(sizeof v));
+    return v;
+  }
+  // Whether this process may take the child's descriptors (pidfd_getfd: ptrace permission,
+  // no seccomp filter): where it may not, the expandable block is opened from descriptors
+  // of its own only.
+  [[nodiscard]] bool descriptors_takeable() const
+  {
+    const long pidfd = ::syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0) return false;
+    const long fd = ::syscall(SYS_pidfd_getfd, static_cast<int>(pidfd), remote[1], 0);
+    ::close(static_cast<int>(pidfd));
+    if (fd < 0) return false;
+    ::close(static_cast<int>(fd));
+    return true;
+  }
+};
+
+bool run_ipc_import(long n, int& steps, const ipc_exporter_child& child, bool take)
+{
+  using depot::detail::ipc_attach;
+  using depot::detail::ipc_detach;
+  const auto& backend = stand_in_backend::backend;
+  armed_steps run{n, steps};
+  depot::ipc_handle ordinary;
+  ordinary.device = depot::device_id{depot::device_kind::cuda, 0};
+  ordinary.process = static_cast<std::uint64_t>(child.pid);
+  ordinary.segment = std::uint64_t{1} << 30;
+  ordinary.size = ordinary.requested = stand_in_backend::k_page;
+  ordinary.memory.bytes[0] = 1;
+  ordinary.counter_fd = child.remote[0];
+  ordinary.counter_slot = 0;
+  depot::ipc_handle pages = ordinary;  // an expandable block's: its pages' descriptors
+  pages.memory = {};
+  pages.counter_fd = -1;
+  pages.segment = std::uint64_t{1} << 31;
+  pages.page = stand_in_backend::k_page;
+  pages.offset = 100;
+  pages.size = pages.requested = 3 * stand_in_backend::k_page - 200;
+  pages.fds = {child.remote[1], child.remote[2], child.remote[3]};
+  depot::ipc_handle received = pages;  // the same, its descriptors received (ipc_received)
+  received.segment = std::uint64_t{1} << 32;
+  const std::size_t descriptors = depot::test::open_descriptors();
+  // What is attached: the users of each handle's mapping (the script's own count).
+  int users[3] = {};
+  const auto whole = [&] {
+    CHECK(stand_in_backend::opens - stand_in_backend::closes ==
+          (users[0] > 0 ? 1 : 0) + (users[1] > 0 ? 1 : 0) + (users[2] > 0 ? 1 : 0));
+    CHECK(child.importers() == (users[0] > 0 ? 1 : 0));
+    CHECK(depot::test::open_descriptors() == descriptors + (users[0] > 0 ? 1 : 0));  // the counts file's, while counted
+  };
+  const auto step = [&](const char* what, const std::function<void()>& call, bool is_free = false) {
+    run.checked("ipc import", what, call, is_free, whole);
+  };
+  void* base[3] = {};
+  const auto attach = [&](int k, const depot::ipc_handle& h, const int* own) {
+    void* p = ipc_attach(h, backend, own);
+    CHECK((base[k] == nullptr || base[k] == p));  // (a second attach: the same mapping)
+    base[k] = p;
+    ++users[k];
+  };
+  step("attach an ordinary segment", [&] { attach(0, ordinary, nullptr); });
+  step("attach it again", [&] { attach(0, ordinary, nullptr); });
+  if (take) step("attach an expandable block (its pages taken)", [&] { attach(1, pages, nullptr); });
+  step("attach an expandable block (its pages received)", [&] { attach(2, received, child.own); });
+  step("attach that again", [&] { attach(2, received, child.own); });
+  whole();
+  const auto detach = [&](int k, const depot::ipc_handle& h) {
+    ipc_detach(h, backend);
+    --users[k];
+  };
+  step("detach", [&] { detach(0, ordinary); }, true);
+  step("detach the last", [&] { detach(0, ordinary); }, true);
+  if (take) step("detach", [&] { detach(1, pages); }, true);
+  step("detach", [&] { detach(2, received); }, true);
+  step("detach the last", [&] { detach(2, received); }, true);
+  whole();
+  CHECK(stand_in_backend::opens == stand_in_backend::closes);
+  CHECK(child.importers() == 0);
+  CHECK(depot::test::open_descriptors() == descriptors);
   return run.failed();
 }
 
@@ -807,6 +1007,14 @@ TEST_CASE_TEMPLATE("pool: every host allocation of exporting blocks to other pro
     cfg.expandable_segments = true;
     every_failure([&](long n, int& s) { return run_ipc<D>(n, cfg, s); }, 20);
   }
+}
+
+TEST_CASE("pool: every host allocation of importing another process's blocks fails in turn")
+{
+  const ipc_exporter_child child;
+  const bool take = child.descriptors_takeable();
+  if (!take) MESSAGE("pidfd_getfd is not permitted here: the expandable block is opened from received descriptors only");
+  every_failure([&](long n, int& s) { return run_ipc_import(n, s, child, take); }, 5);
 }
 
 TEST_CASE_TEMPLATE("pool: every host allocation of a fixed pool fails in turn", D, DEPOT_TEST_DEVICES)
