@@ -17,13 +17,13 @@
 #include <bit>
 #include <cerrno>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <algorithm>
 #include <tuple>
 #include <vector>
 
