@@ -259,7 +259,7 @@ allocator_under_test workload_floor()
 template <device D>
 std::vector<allocator_under_test> allocators_for(int device, std::size_t cap,
                                                  std::unique_ptr<caching_allocator<D>>& depot_pool,
-                                                 std::size_t trace_capacity = 0)
+                                                 std::size_t trace_capacity = 0, int instances = 1)
 {
   std::vector<allocator_under_test> out;
   out.push_back(under_test("depot",
@@ -272,6 +272,18 @@ std::vector<allocator_under_test> allocators_for(int device, std::size_t cap,
                    cfg.trace_capacity = trace_capacity;  // --trace-out
                    depot_pool = std::make_unique<caching_allocator<D>>(device, cfg);
                  }));
+  // --alloc-instances: more instances of the same configuration, each its own allocator
+  // (made when its row begins, after the ones before it: its structures land elsewhere).
+  for (int i = 2; i <= instances; ++i) {
+    auto other = std::make_shared<std::unique_ptr<caching_allocator<D>>>();
+    out.push_back(under_test("depot/" + std::to_string(i),
+                   [other](std::size_t n, native_stream s) { return (*other)->allocate(n, stream_ref<D>{s}); },
+                   [other](void* p, native_stream s) { (*other)->deallocate(p, stream_ref<D>{s}); },
+                   [other, device] {
+                     other->reset();
+                     *other = std::make_unique<caching_allocator<D>>(device, allocator_config::from_environment());
+                   }));
+  }
   // depot with expandable segments (where the backend can map memory): the same hits, and
   // misses that map pages into one address range per stream instead of making segments.
   auto expandable = std::make_shared<std::unique_ptr<caching_allocator<D>>>();
@@ -321,8 +333,11 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
               opts.threads, opts.alloc_pin ? " (pinned)" : "", opts.alloc_streams, opts.alloc_reps, run_order(opts));
   std::printf("  %8s %9s", "N", "max");
   std::unique_ptr<caching_allocator<D>> depot_pool;
-  auto allocators = allocators_for<D>(device, cap, depot_pool, opts.trace_out.empty() ? 0 : std::size_t{1} << 20);
-  std::erase_if(allocators, [&](const allocator_under_test& x) { return x.name != "depot" && !asked(opts, x.name); });
+  auto allocators = allocators_for<D>(device, cap, depot_pool, opts.trace_out.empty() ? 0 : std::size_t{1} << 20,
+                                     opts.alloc_instances);
+  std::erase_if(allocators, [&](const allocator_under_test& x) {
+    return x.name != "depot" && !x.name.starts_with("depot/") && !asked(opts, x.name);
+  });
   std::printf(" %9s", "workload");
   for (const auto& a : allocators) std::printf(" %14s %7s", a.name.c_str(), "ratio");
   std::printf("\n");

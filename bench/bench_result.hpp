@@ -25,6 +25,10 @@ struct options {
   int threads = 1;
   int alloc_streams = 1;  // alloc: streams each thread alternates between (round robin)
   int alloc_reps = 3;  // timed runs after one warm-up; the median is reported
+  // alloc: depot instances side by side (depot, depot/2, ...), each made once per row and
+  // timed in the same rounds: whether a row's level belongs to the instance (where its
+  // structures landed) or to the time (every instance moving together)
+  int alloc_instances = 1;
   // alloc, live: time each run right after the previous allocator's run (caches left cold by
   // it), not right after an untimed run of its own (the default: each allocator's steady
   // state, as RMM's benchmark loop runs one allocator back to back)

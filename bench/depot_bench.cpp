@@ -106,6 +106,11 @@ int main(int argc, char** argv)
   app.add_option("--alloc-reps", opts.alloc_reps, "alloc, live: timed runs after a warm-up (median reported)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  app.add_option("--alloc-instances", opts.alloc_instances,
+                 "alloc: depot allocators side by side in the rounds (depot, depot/2, ...), each "
+                 "made anew for a row: whether a row's speed belongs to an instance or to the time")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
   app.add_flag("--alloc-cold", opts.alloc_cold,
                "alloc, live: time each run right after another allocator's run, not after an untimed run "
                "of the same allocator (the default: each allocator's steady state; the rounds interleave "
@@ -197,6 +202,7 @@ int main(int argc, char** argv)
                           {"alloc_streams", opts.alloc_streams},
                           {"alloc_reps", opts.alloc_reps},
                           {"alloc_cold", opts.alloc_cold},
+                          {"alloc_instances", opts.alloc_instances},
                           {"alloc_pin", opts.alloc_pin},
                           {"alloc_rows_only", opts.alloc_rows_only},
                           {"seed", opts.seed}}},

@@ -63,6 +63,17 @@ assert all(x['us_per_pair']>0 for x in rows), rows; assert r['options']['alloc_r
 assert not a['growing'] and not a['map_pages'] and a['cache_lock'] is None and a['fixed_pool'] is None, a"
 check sh -c "! grep -q 'growing requests\|fixed pool' '$tmp/out'"
 
+# Instances side by side: depot, depot/2, depot/3 in the same rounds, each with its own runs;
+# tools/layout-table reads them.
+"$bench" alloc --device host --alloc-n 2000 --alloc-max 64KiB --alloc-reps 2 --alloc-rows-only \
+  --alloc-instances 3 --alloc-only depot --json "$tmp/i.json" > "$tmp/out" 2>&1
+check test $? -eq 0
+check python3 -c "import json; r=json.load(open('$tmp/i.json')); rows=r['suites'][0]['rows']; \
+assert [x['allocator'] for x in rows]==['depot','depot/2','depot/3'], rows; \
+assert all(len(x['run_us_per_pair'])==2 and x['us_per_pair']>0 for x in rows), rows; \
+assert r['options']['alloc_instances']==3"
+check sh -c "'$(dirname "$0")/../tools/layout-table' '$tmp/i.json' | grep -q \"instances' medians\""
+
 "$bench" staging --device host --staging-sizes 64KiB --staging-sizes 1MiB --staging-steps 4 \
   --staging-reps 1 --repetitions 2 --json "$tmp/s.json" > "$tmp/out" 2>&1
 check test $? -eq 0
@@ -70,7 +81,7 @@ check python3 -c "import json; s=json.load(open('$tmp/s.json'))['suites'][0]; as
 rows=s['rows']; assert [r['bytes'] for r in rows]==[65536, 1048576], rows; \
 assert all(len(r['loops'])==6 and all(l['ms']>0 and l['efficiency']>0 for l in r['loops']) for r in rows), rows"
 
-for bad in "--device tpu" "--size 0" "--repetitions 0" "--size lots" "nosuchsuite" "--threads 0" "--alloc-streams 0" "--alloc-n 0" "--staging-sizes 1" "--compute-us -1" "--staging-steps 1" "--staging-workers 0" "--live-blocks 0" "--live-max 0" "--live-pairs 0"; do
+for bad in "--device tpu" "--size 0" "--repetitions 0" "--size lots" "nosuchsuite" "--threads 0" "--alloc-streams 0" "--alloc-n 0" "--staging-sizes 1" "--compute-us -1" "--staging-steps 1" "--staging-workers 0" "--live-blocks 0" "--live-max 0" "--live-pairs 0" "--alloc-instances 0" "--alloc-instances 17"; do
   # shellcheck disable=SC2086
   if "$bench" $bad > "$tmp/err" 2>&1; then
     echo "FAILED: depot-bench $bad was accepted"; fail=1
