@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace depot {
@@ -133,9 +134,54 @@ void send(int socket, const std::string& text, const std::vector<int>& fds, cons
   }
 }
 
+// Copies up to `bytes` of what the socket holds into `into` without taking it (MSG_PEEK, no
+// control buffer: descriptors stay queued with their bytes), waiting for the first byte as
+// recvmsg would. Returns how many bytes were there: 0 when the other end has closed (the
+// read that follows reports it), fewer than asked when the rest has not come yet or lies
+// past a message that carries descriptors (a peek stops there).
+std::size_t peek(int socket, char* into, std::size_t bytes, const deadline& until, std::chrono::milliseconds timeout)
+{
+  for (;;) {
+    const ssize_t n = ::recv(socket, into, bytes, MSG_PEEK | MSG_DONTWAIT);
+    if (n >= 0) return static_cast<std::size_t>(n);
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (wait_ready(socket, POLLIN, until, "ipc_receive")) continue;
+      fail("recvmsg", "ipc_receive on socket " + std::to_string(socket) + ": got 0 of 4 bytes of this part of the handle and 0 descriptors, " + waited(timeout), ETIMEDOUT);
+    }
+    fail("recvmsg", "ipc_receive on socket " + std::to_string(socket), errno);
+  }
+}
+
 ipc_received receive(int socket, const deadline& until, std::chrono::milliseconds timeout)
 {
   ipc_received r;  // owns every descriptor taken in: closed if anything below throws
+  // What the handle needs of the heap, had before anything is taken from the socket: when
+  // its length and text are queued whole (a handle sent in one piece: up to ~4 000 pages
+  // with descriptors, any size without), they are read in place, parsed, and room is made
+  // for every descriptor, so a receive that fails for host memory takes nothing and the
+  // same call made again gets the handle (tests/alloc_failure.cpp). Otherwise the text is
+  // read first, and a failure for memory after it leaves the socket mid-handle.
+  std::string text;  // the length (4 bytes), then the text
+  std::optional<ipc_handle> parsed;
+  {
+    char head[4];
+    if (peek(socket, head, 4, until, timeout) == 4) {
+      std::uint32_t length = 0;
+      std::memcpy(&length, head, 4);
+      if (length <= k_max_text) {  // (else the read below refuses it)
+        text.resize(4 + std::size_t{length});
+        if (peek(socket, text.data(), text.size(), until, timeout) == text.size()) {
+          try {
+            parsed = ipc_handle::from_hex(std::string_view{text}.substr(4));
+          } catch (const invalid_argument&) {  // no handle: read and refused below, as a
+            parsed.reset();                    // stream's next handle must not find it there
+          }
+          if (parsed) r.fds.reserve((parsed->expandable() ? parsed->fds.size() : 0) + k_fds_per_message);
+        }
+      }
+    }
+  }
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * k_fds_per_message)];
   const int flags = MSG_CMSG_CLOEXEC | (until ? MSG_DONTWAIT : 0);
   const auto read_exactly = [&](char* into, std::size_t bytes) {
@@ -183,14 +229,19 @@ ipc_received receive(int socket, const deadline& until, std::chrono::millisecond
       got += static_cast<std::size_t>(n);
     }
   };
-  std::uint32_t length = 0;
-  read_exactly(reinterpret_cast<char*>(&length), 4);
-  DEPOT_EXPECTS(length <= k_max_text, "depot: ipc_receive: a handle of " + std::to_string(length) +
-                                          " characters announced, at most " + std::to_string(k_max_text) +
-                                          " taken (is the other end ipc_send?)");
-  std::string text(length, '\0');
-  read_exactly(text.data(), length);
-  r.handle = ipc_handle::from_hex(text);
+  if (parsed) {  // (nothing below allocates)
+    read_exactly(text.data(), text.size());
+    r.handle = std::move(*parsed);
+  } else {
+    std::uint32_t length = 0;
+    read_exactly(reinterpret_cast<char*>(&length), 4);
+    DEPOT_EXPECTS(length <= k_max_text, "depot: ipc_receive: a handle of " + std::to_string(length) +
+                                            " characters announced, at most " + std::to_string(k_max_text) +
+                                            " taken (is the other end ipc_send?)");
+    text.assign(length, '\0');
+    read_exactly(text.data(), length);
+    r.handle = ipc_handle::from_hex(text);
+  }
   const std::size_t expected = r.handle.expandable() ? r.handle.fds.size() : 0;
   while (r.fds.size() < expected) {
     char plus = 0;

@@ -37,16 +37,21 @@
 #include <depot/pool/fixed_pool.hpp>
 #include <depot/pool/ipc_handle.hpp>
 #include <depot/pool/ipc_mapping.hpp>
+#include <depot/pool/ipc_received.hpp>
 #include <depot/pool/pool.hpp>
 #include <depot/pool/trace_file.hpp>
 #include <depot/config.hpp>
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -595,6 +600,118 @@ bool run_ipc_import(long n, int& steps, const ipc_exporter_child& child, bool ta
   return run.failed();
 }
 
+// Handles over a Unix socket (ipc_send, ipc_receive, a received handle passed on), each
+// step armed, in one process: a send that fails for host memory writes nothing, a receive
+// that fails takes nothing (the handle stays queued whole, so the same call made again gets
+// it), and no descriptor is left open or lost either way.
+std::size_t queued(int socket)
+{
+  int n = -1;
+  REQUIRE(::ioctl(socket, FIONREAD, &n) == 0);
+  return static_cast<std::size_t>(n);
+}
+
+bool same_file(int a, int b)
+{
+  struct stat x{};
+  struct stat y{};
+  return ::fstat(a, &x) == 0 && ::fstat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+bool run_ipc_socket(long n, int& steps, const int (&pages)[3])
+{
+  armed_steps run{n, steps};
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  depot::ipc_handle ordinary;
+  ordinary.device = depot::device_id{depot::device_kind::cuda, 0};
+  ordinary.process = 4242;
+  ordinary.segment = std::uint64_t{1} << 30;
+  ordinary.size = ordinary.requested = 4096;
+  ordinary.memory.bytes[0] = 1;
+  ordinary.counter_fd = 7;  // (the exporter's: a number here)
+  ordinary.counter_slot = 3;
+  depot::ipc_handle expandable = ordinary;
+  expandable.memory = {};
+  expandable.counter_fd = -1;
+  expandable.page = 4096;
+  expandable.offset = 100;
+  expandable.size = expandable.requested = 3 * 4096 - 200;
+  expandable.fds = {pages[0], pages[1], pages[2]};
+  // What the other end reads (the fields an expandable block's text carries).
+  const depot::ipc_handle expandable_read = depot::ipc_handle::from_hex(expandable.to_hex());
+  // What a handle takes on the socket: its length, then its text (3 descriptors beside it).
+  const std::size_t ordinary_bytes = 4 + ordinary.to_hex().size();
+  const std::size_t expandable_bytes = 4 + expandable.to_hex().size();
+  const std::size_t descriptors = depot::test::open_descriptors();
+  std::size_t expect_queued = 0;  // set by each step that got through
+  std::size_t held = 0;           // descriptors the received handles hold
+  const auto whole = [&] {
+    CHECK(queued(sv[1]) == expect_queued);
+    CHECK(depot::test::open_descriptors() == descriptors + held);
+  };
+  const auto step = [&](const char* what, const std::function<void()>& call) {
+    run.checked("ipc socket", what, call, false, whole);
+  };
+  using std::chrono::milliseconds;
+  depot::ipc_received a;
+  depot::ipc_received b;
+  depot::ipc_received c;
+  step("send an ordinary segment's handle", [&] {
+    depot::ipc_send(sv[0], ordinary);
+    expect_queued = ordinary_bytes;
+  });
+  step("receive it", [&] {
+    a = depot::ipc_receive(sv[1]);
+    expect_queued = 0;
+  });
+  CHECK(a.handle == ordinary);
+  CHECK(a.fds.empty());
+  step("send an expandable block's handle, its pages' descriptors beside it (timeout)", [&] {
+    depot::ipc_send(sv[0], expandable, milliseconds{2000});
+    expect_queued = expandable_bytes;
+  });
+  step("receive it (timeout)", [&] {
+    b = depot::ipc_receive(sv[1], milliseconds{2000});
+    expect_queued = 0;
+    held = b.fds.size();
+  });
+  CHECK(b.handle == expandable_read);
+  REQUIRE(b.fds.size() == 3);
+  for (int i = 0; i < 3; ++i) CHECK(same_file(b.fds[i], pages[i]));
+  step("pass the received handle on", [&] {
+    depot::ipc_send(sv[0], b);
+    expect_queued = expandable_bytes;
+  });
+  step("receive that", [&] {
+    c = depot::ipc_receive(sv[1]);
+    expect_queued = 0;
+    held = b.fds.size() + c.fds.size();
+  });
+  step("pass it on again (timeout)", [&] {
+    depot::ipc_send(sv[0], c, milliseconds{2000});
+    expect_queued = expandable_bytes;
+  });
+  step("receive it in place of the first (timeout)", [&] {
+    a = depot::ipc_receive(sv[1], milliseconds{2000});
+    expect_queued = 0;
+    held = a.fds.size() + b.fds.size() + c.fds.size();
+  });
+  CHECK(c.handle == expandable_read);
+  CHECK(a.handle == expandable_read);
+  REQUIRE(a.fds.size() == 3);
+  for (int i = 0; i < 3; ++i) CHECK(same_file(a.fds[i], pages[i]));
+  whole();
+  a = {};
+  b = {};
+  c = {};
+  held = 0;
+  whole();
+  ::close(sv[0]);
+  ::close(sv[1]);
+  return run.failed();
+}
+
 // A fixed pool made, filled past its end (its oom handler asked), emptied, defragmented and
 // destroyed, each step armed. A failed construction holds no device memory (the host
 // backend's under the sanitizers' leak check; on a GPU the device's free memory is compared
@@ -1015,6 +1132,18 @@ TEST_CASE("pool: every host allocation of importing another process's blocks fai
   const bool take = child.descriptors_takeable();
   if (!take) MESSAGE("pidfd_getfd is not permitted here: the expandable block is opened from received descriptors only");
   every_failure([&](long n, int& s) { return run_ipc_import(n, s, child, take); }, 5);
+}
+
+TEST_CASE("pool: every host allocation of sending and receiving handles over a Unix socket fails in turn")
+{
+  int pages[3];
+  for (int& f : pages) {
+    f = ::memfd_create("depot-test-page", MFD_CLOEXEC);
+    REQUIRE(f >= 0);
+    REQUIRE(::ftruncate(f, 4096) == 0);
+  }
+  every_failure([&](long n, int& s) { return run_ipc_socket(n, s, pages); }, 8);
+  for (int f : pages) ::close(f);
 }
 
 TEST_CASE_TEMPLATE("pool: every host allocation of a fixed pool fails in turn", D, DEPOT_TEST_DEVICES)

@@ -44,7 +44,9 @@ void ipc_send(int socket, const ipc_received& r, std::chrono::milliseconds timeo
 // timeout it waits as long as it takes (for a sender that never comes, forever); with one,
 // the whole handle must arrive within it, else depot::error (ETIMEDOUT) saying how much came
 // (descriptors that came are closed; a socket left mid-handle must be closed). A timeout
-// of 0 takes only what is ready now.
+// of 0 takes only what is ready now. std::bad_alloc takes nothing from the socket when the
+// handle's text was queued whole as the call began (one piece: the usual case), so the
+// same call made again gets the handle.
 [[nodiscard]] ipc_received ipc_receive(int socket);
 [[nodiscard]] ipc_received ipc_receive(int socket, std::chrono::milliseconds timeout);
 
