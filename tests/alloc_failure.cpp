@@ -650,53 +650,39 @@ bool run_ipc_socket(long n, int& steps, const int (&pages)[3])
     CHECK(queued(sv[1]) == expect_queued);
     CHECK(depot::test::open_descriptors() == descriptors + held);
   };
-  const auto step = [&](const char* what, const std::function<void()>& call) {
-    run.checked("ipc socket", what, call, false, whole);
-  };
   using std::chrono::milliseconds;
   depot::ipc_received a;
   depot::ipc_received b;
   depot::ipc_received c;
-  step("send an ordinary segment's handle", [&] {
-    depot::ipc_send(sv[0], ordinary);
-    expect_queued = ordinary_bytes;
-  });
-  step("receive it", [&] {
-    a = depot::ipc_receive(sv[1]);
-    expect_queued = 0;
-  });
+  // A send: `bytes` queued once it got through.
+  const auto send = [&](const char* what, std::size_t bytes, const std::function<void()>& call) {
+    run.checked("ipc socket", what, [&] {
+      call();
+      expect_queued = bytes;
+    }, false, whole);
+  };
+  // A receive into `into`: nothing queued once it got through, its descriptors held.
+  const auto receive = [&](const char* what, depot::ipc_received& into, bool timed) {
+    run.checked("ipc socket", what, [&] {
+      into = timed ? depot::ipc_receive(sv[1], milliseconds{2000}) : depot::ipc_receive(sv[1]);
+      expect_queued = 0;
+      held = a.fds.size() + b.fds.size() + c.fds.size();
+    }, false, whole);
+  };
+  send("send an ordinary segment's handle", ordinary_bytes, [&] { depot::ipc_send(sv[0], ordinary); });
+  receive("receive it", a, false);
   CHECK(a.handle == ordinary);
   CHECK(a.fds.empty());
-  step("send an expandable block's handle, its pages' descriptors beside it (timeout)", [&] {
-    depot::ipc_send(sv[0], expandable, milliseconds{2000});
-    expect_queued = expandable_bytes;
-  });
-  step("receive it (timeout)", [&] {
-    b = depot::ipc_receive(sv[1], milliseconds{2000});
-    expect_queued = 0;
-    held = b.fds.size();
-  });
+  send("send an expandable block's handle, its pages' descriptors beside it (timeout)", expandable_bytes,
+       [&] { depot::ipc_send(sv[0], expandable, milliseconds{2000}); });
+  receive("receive it (timeout)", b, true);
   CHECK(b.handle == expandable_read);
   REQUIRE(b.fds.size() == 3);
   for (int i = 0; i < 3; ++i) CHECK(same_file(b.fds[i], pages[i]));
-  step("pass the received handle on", [&] {
-    depot::ipc_send(sv[0], b);
-    expect_queued = expandable_bytes;
-  });
-  step("receive that", [&] {
-    c = depot::ipc_receive(sv[1]);
-    expect_queued = 0;
-    held = b.fds.size() + c.fds.size();
-  });
-  step("pass it on again (timeout)", [&] {
-    depot::ipc_send(sv[0], c, milliseconds{2000});
-    expect_queued = expandable_bytes;
-  });
-  step("receive it in place of the first (timeout)", [&] {
-    a = depot::ipc_receive(sv[1], milliseconds{2000});
-    expect_queued = 0;
-    held = a.fds.size() + b.fds.size() + c.fds.size();
-  });
+  send("pass the received handle on", expandable_bytes, [&] { depot::ipc_send(sv[0], b); });
+  receive("receive that", c, false);
+  send("pass it on again (timeout)", expandable_bytes, [&] { depot::ipc_send(sv[0], c, milliseconds{2000}); });
+  receive("receive it in place of the first (timeout)", a, true);
   CHECK(c.handle == expandable_read);
   CHECK(a.handle == expandable_read);
   REQUIRE(a.fds.size() == 3);
