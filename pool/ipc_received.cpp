@@ -147,7 +147,10 @@ std::size_t peek(int socket, char* into, std::size_t bytes, const deadline& unti
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       if (wait_ready(socket, POLLIN, until, "ipc_receive")) continue;
-      fail("recvmsg", "ipc_receive on socket " + std::to_string(socket) + ": got 0 of 4 bytes of this part of the handle and 0 descriptors, " + waited(timeout), ETIMEDOUT);
+      fail("recvmsg",
+           "ipc_receive on socket " + std::to_string(socket) +
+               ": got 0 of 4 bytes of this part of the handle and 0 descriptors, " + waited(timeout),
+           ETIMEDOUT);
     }
     fail("recvmsg", "ipc_receive on socket " + std::to_string(socket), errno);
   }
@@ -156,32 +159,6 @@ std::size_t peek(int socket, char* into, std::size_t bytes, const deadline& unti
 ipc_received receive(int socket, const deadline& until, std::chrono::milliseconds timeout)
 {
   ipc_received r;  // owns every descriptor taken in: closed if anything below throws
-  // What the handle needs of the heap, had before anything is taken from the socket: when
-  // its length and text are queued whole (a handle sent in one piece: up to ~4 000 pages
-  // with descriptors, any size without), they are read in place, parsed, and room is made
-  // for every descriptor, so a receive that fails for host memory takes nothing and the
-  // same call made again gets the handle (tests/alloc_failure.cpp). Otherwise the text is
-  // read first, and a failure for memory after it leaves the socket mid-handle.
-  std::string text;  // the length (4 bytes), then the text
-  std::optional<ipc_handle> parsed;
-  {
-    char head[4];
-    if (peek(socket, head, 4, until, timeout) == 4) {
-      std::uint32_t length = 0;
-      std::memcpy(&length, head, 4);
-      if (length <= k_max_text) {  // (else the read below refuses it)
-        text.resize(4 + std::size_t{length});
-        if (peek(socket, text.data(), text.size(), until, timeout) == text.size()) {
-          try {
-            parsed = ipc_handle::from_hex(std::string_view{text}.substr(4));
-          } catch (const invalid_argument&) {  // no handle: read and refused below, as a
-            parsed.reset();                    // stream's next handle must not find it there
-          }
-          if (parsed) r.fds.reserve((parsed->expandable() ? parsed->fds.size() : 0) + k_fds_per_message);
-        }
-      }
-    }
-  }
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * k_fds_per_message)];
   const int flags = MSG_CMSG_CLOEXEC | (until ? MSG_DONTWAIT : 0);
   const auto read_exactly = [&](char* into, std::size_t bytes) {
@@ -229,6 +206,35 @@ ipc_received receive(int socket, const deadline& until, std::chrono::millisecond
       got += static_cast<std::size_t>(n);
     }
   };
+  // What the handle needs of the heap, had before anything is taken from the socket: when
+  // its length and text are queued whole (a handle sent in one piece: up to ~4 000 pages
+  // with descriptors, any size without), they are read in place, parsed, and room is made
+  // for every descriptor, so a receive that fails for host memory takes nothing and the
+  // same call made again gets the handle (tests/alloc_failure.cpp). Otherwise the text is
+  // read first, and a failure for memory after it leaves the socket mid-handle.
+  std::string text;  // the length (4 bytes), then the text
+  std::optional<ipc_handle> parsed;
+  {
+    char head[4];
+    if (peek(socket, head, 4, until, timeout) == 4) {
+      std::uint32_t length = 0;
+      std::memcpy(&length, head, 4);
+      if (length <= k_max_text) {  // (else the read below refuses it)
+        text.resize(4 + std::size_t{length});
+        if (peek(socket, text.data(), text.size(), until, timeout) == text.size()) {
+          try {
+            parsed = ipc_handle::from_hex(std::string_view{text}.substr(4));
+          } catch (const invalid_argument&) {
+            // No handle: taken all the same (a stream's next handle must not find it in its
+            // way; a SOCK_SEQPACKET record goes whole), then refused.
+            read_exactly(text.data(), text.size());
+            throw;
+          }
+          r.fds.reserve((parsed->expandable() ? parsed->fds.size() : 0) + k_fds_per_message);
+        }
+      }
+    }
+  }
   if (parsed) {  // (nothing below allocates)
     read_exactly(text.data(), text.size());
     r.handle = std::move(*parsed);

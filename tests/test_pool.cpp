@@ -1649,6 +1649,37 @@ TEST_CASE_TEMPLATE("pool: an exported segment is kept while another process maps
   CHECK(::fcntl(counts_fd, F_GETFD) == -1);  // the file closed with the allocator
 }
 
+// `count` memfd pages (descriptors of this process, closed by the caller) and the handle of
+// an expandable block over them that names process 1 (which no test may ptrace).
+std::vector<int> memfd_pages(std::size_t count)
+{
+  std::vector<int> pages(count);
+  for (int& fd : pages) {
+    fd = static_cast<int>(::syscall(SYS_memfd_create, "depot-test-page", MFD_CLOEXEC));
+    REQUIRE(fd >= 0);
+  }
+  return pages;
+}
+// Whether descriptors a and b are of the same file.
+bool same_file(int a, int b)
+{
+  struct stat x {};
+  struct stat y {};
+  return ::fstat(a, &x) == 0 && ::fstat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+depot::ipc_handle pages_handle(const std::vector<int>& pages, std::size_t page, std::size_t offset)
+{
+  depot::ipc_handle h;
+  h.device = depot::device_id{depot::device_kind::cuda, 0};
+  h.process = 1;
+  h.segment = std::uint64_t{1} << 30;
+  h.page = page;
+  h.offset = offset;
+  h.size = h.requested = pages.size() * page - 2 * offset;
+  h.fds.assign(pages.begin(), pages.end());
+  return h;
+}
+
 // A handle sent with its page descriptors over a Unix socket (SCM_RIGHTS): the receiver
 // maps the pages from its own descriptors, never taking the exporter's (the handle names
 // process 1, which no test may ptrace: a taking attempt would fail).
@@ -1707,11 +1738,7 @@ TEST_CASE("pool: a handle and its page descriptors sent over a Unix socket")
     depot::ipc_received again = depot::ipc_receive(sv[0]);
     CHECK(again.handle == h);
     REQUIRE(again.fds.size() == count);
-    struct stat x {};
-    struct stat y {};
-    REQUIRE(::fstat(again.fds[count - 1], &x) == 0);
-    REQUIRE(::fstat(pages[count - 1], &y) == 0);
-    CHECK(x.st_ino == y.st_ino);
+    CHECK(same_file(again.fds[count - 1], pages[count - 1]));
     depot::ipc_received moved = std::move(again);
     CHECK(again.fds.empty());
     CHECK(moved.fds.size() == count);
@@ -1757,6 +1784,54 @@ TEST_CASE("pool: a handle and its page descriptors sent over a Unix socket")
   CHECK(open_descriptors() + 2 == descriptors);
 }
 
+// The same over a SOCK_SEQPACKET socket, whose records are read whole or cut short: a
+// handle's length and text go as one record and must be taken as one (a read of the length
+// alone dropped the text), a block of more than 253 pages sends its further descriptors as
+// one-byte records, and a record that is no handle is taken whole and refused, the next
+// handle then received.
+TEST_CASE("pool: handles over a SOCK_SEQPACKET socket")
+{
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0);
+  const std::size_t descriptors = open_descriptors();
+  const std::vector<int> pages = memfd_pages(300);  // more than one message's 253 descriptors
+  const std::size_t count = pages.size();
+  const depot::ipc_handle h = pages_handle(pages, 4 * KiB, 100);
+  depot::ipc_handle o;
+  o.device = depot::device_id{depot::device_kind::hip, 1};
+  o.process = 77;
+  o.segment = 1 << 21;
+  o.size = o.requested = 512;
+  o.counter_fd = 4;
+  depot::ipc_send(sv[0], h);
+  depot::ipc_send(sv[0], o, std::chrono::milliseconds{2000});
+  {
+    const depot::ipc_received r = depot::ipc_receive(sv[1], std::chrono::milliseconds{2000});
+    CHECK(r.handle == h);
+    REQUIRE(r.fds.size() == count);
+    CHECK(same_file(r.fds[count - 1], pages[count - 1]));
+    const depot::ipc_received q = depot::ipc_receive(sv[1], std::chrono::milliseconds{2000});
+    CHECK(q.handle == o);
+    CHECK(q.fds.empty());
+  }
+  CHECK(open_descriptors() == descriptors + count);
+  // (timeouts throughout: a receive that took the length alone waited for the text forever)
+  // A record that is no handle, then a handle: the first refused, the second received.
+  std::string bad(4, '\0');
+  const std::uint32_t length = 8;
+  std::memcpy(bad.data(), &length, 4);
+  bad += "nothexxx";
+  REQUIRE(::send(sv[0], bad.data(), bad.size(), 0) == static_cast<ssize_t>(bad.size()));
+  depot::ipc_send(sv[0], o);
+  CHECK_THROWS_WITH_AS((void)depot::ipc_receive(sv[1], std::chrono::milliseconds{2000}),
+                       doctest::Contains("not a hex digit"), depot::invalid_argument);
+  CHECK(depot::ipc_receive(sv[1], std::chrono::milliseconds{2000}).handle == o);
+  for (int f : pages) ::close(f);
+  ::close(sv[0]);
+  ::close(sv[1]);
+  CHECK(open_descriptors() + 2 == descriptors);
+}
+
 // Timeouts and non-blocking sockets: ipc_receive must not hang on a sender that never
 // comes or stalls part way, and what came with a stalled handle is closed.
 TEST_CASE("pool: ipc_send and ipc_receive with a timeout, and on non-blocking sockets")
@@ -1767,19 +1842,9 @@ TEST_CASE("pool: ipc_send and ipc_receive with a timeout, and on non-blocking so
   int sv[2];
   REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
   const std::size_t before = open_descriptors();
-  std::vector<int> pages(count);
-  for (int& fd : pages) {
-    fd = static_cast<int>(::syscall(SYS_memfd_create, "depot-test-page", MFD_CLOEXEC));
-    REQUIRE(fd >= 0);
-  }
+  const std::vector<int> pages = memfd_pages(count);
   const std::size_t descriptors = open_descriptors();  // with the pages'
-  depot::ipc_handle h;
-  h.device = depot::device_id{depot::device_kind::cuda, 0};
-  h.process = 1;
-  h.segment = std::uint64_t{1} << 30;
-  h.page = page;
-  h.size = h.requested = count * page;
-  h.fds.assign(pages.begin(), pages.end());
+  const depot::ipc_handle h = pages_handle(pages, page, 0);
   const auto elapsed_ms = [](auto since) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - since).count();
   };
