@@ -46,7 +46,6 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -611,14 +610,7 @@ std::size_t queued(int socket)
   return static_cast<std::size_t>(n);
 }
 
-bool same_file(int a, int b)
-{
-  struct stat x{};
-  struct stat y{};
-  return ::fstat(a, &x) == 0 && ::fstat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
-}
-
-bool run_ipc_socket(long n, int& steps, const int (&pages)[3])
+bool run_ipc_socket(long n, int& steps, const std::vector<int>& pages)
 {
   armed_steps run{n, steps};
   int sv[2];
@@ -678,7 +670,7 @@ bool run_ipc_socket(long n, int& steps, const int (&pages)[3])
   receive("receive it (timeout)", b, true);
   CHECK(b.handle == expandable_read);
   REQUIRE(b.fds.size() == 3);
-  for (int i = 0; i < 3; ++i) CHECK(same_file(b.fds[i], pages[i]));
+  for (int i = 0; i < 3; ++i) CHECK(depot::test::same_file(b.fds[i], pages[i]));
   send("pass the received handle on", expandable_bytes, [&] { depot::ipc_send(sv[0], b); });
   receive("receive that", c, false);
   send("pass it on again (timeout)", expandable_bytes, [&] { depot::ipc_send(sv[0], c, milliseconds{2000}); });
@@ -686,7 +678,7 @@ bool run_ipc_socket(long n, int& steps, const int (&pages)[3])
   CHECK(c.handle == expandable_read);
   CHECK(a.handle == expandable_read);
   REQUIRE(a.fds.size() == 3);
-  for (int i = 0; i < 3; ++i) CHECK(same_file(a.fds[i], pages[i]));
+  for (int i = 0; i < 3; ++i) CHECK(depot::test::same_file(a.fds[i], pages[i]));
   whole();
   a = {};
   b = {};
@@ -1122,12 +1114,7 @@ TEST_CASE("pool: every host allocation of importing another process's blocks fai
 
 TEST_CASE("pool: every host allocation of sending and receiving handles over a Unix socket fails in turn")
 {
-  int pages[3];
-  for (int& f : pages) {
-    f = ::memfd_create("depot-test-page", MFD_CLOEXEC);
-    REQUIRE(f >= 0);
-    REQUIRE(::ftruncate(f, 4096) == 0);
-  }
+  const std::vector<int> pages = depot::test::memfd_pages(3, 4096);
   every_failure([&](long n, int& s) { return run_ipc_socket(n, s, pages); }, 8);
   for (int f : pages) ::close(f);
 }

@@ -5,12 +5,15 @@
 // Starting tests/ipc_child.cpp's program (depot-ipc-child, built beside the test binary),
 // the other process of the IPC tests, and waiting for it. A failure to start it or to wait
 // fails the test that asked. And how many descriptors this process has open (the IPC
-// tests' check that nothing is left open).
+// tests' check that nothing is left open), memfd pages to send, and whether two
+// descriptors are of one file.
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -71,6 +74,26 @@ inline std::size_t open_descriptors()
   std::size_t n = 0;
   for (int fd = 0; fd < 4096; ++fd) n += ::fcntl(fd, F_GETFD) != -1 ? 1 : 0;
   return n;
+}
+
+// `count` memfd pages of `bytes` each (descriptors of this process; the caller closes them).
+inline std::vector<int> memfd_pages(std::size_t count, std::size_t bytes = 0)
+{
+  std::vector<int> pages(count);
+  for (int& fd : pages) {
+    fd = ::memfd_create("depot-test-page", MFD_CLOEXEC);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, static_cast<off_t>(bytes)) == 0);
+  }
+  return pages;
+}
+
+// Whether descriptors a and b are of the same file.
+inline bool same_file(int a, int b)
+{
+  struct stat x {};
+  struct stat y {};
+  return ::fstat(a, &x) == 0 && ::fstat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
 }  // namespace depot::test

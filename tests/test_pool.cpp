@@ -910,7 +910,9 @@ TEST_CASE_TEMPLATE("pool: blocks shared with another process (IPC)", D, DEPOT_TE
 }
 
 namespace {
+using depot::test::memfd_pages;
 using depot::test::open_descriptors;
+using depot::test::same_file;
 
 // Lowers this process's RLIMIT_NOFILE soft limit so that exactly `room` more descriptors
 // can be opened (new ones take the free numbers below the limit), restored on destruction
@@ -1649,24 +1651,8 @@ TEST_CASE_TEMPLATE("pool: an exported segment is kept while another process maps
   CHECK(::fcntl(counts_fd, F_GETFD) == -1);  // the file closed with the allocator
 }
 
-// `count` memfd pages (descriptors of this process, closed by the caller) and the handle of
-// an expandable block over them that names process 1 (which no test may ptrace).
-std::vector<int> memfd_pages(std::size_t count)
-{
-  std::vector<int> pages(count);
-  for (int& fd : pages) {
-    fd = static_cast<int>(::syscall(SYS_memfd_create, "depot-test-page", MFD_CLOEXEC));
-    REQUIRE(fd >= 0);
-  }
-  return pages;
-}
-// Whether descriptors a and b are of the same file.
-bool same_file(int a, int b)
-{
-  struct stat x {};
-  struct stat y {};
-  return ::fstat(a, &x) == 0 && ::fstat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
-}
+// The handle of an expandable block over `pages` (memfd_pages) that names process 1 (which no
+// test may ptrace), and an ordinary segment's handle (sent without descriptors).
 depot::ipc_handle pages_handle(const std::vector<int>& pages, std::size_t page, std::size_t offset)
 {
   depot::ipc_handle h;
@@ -1679,6 +1665,17 @@ depot::ipc_handle pages_handle(const std::vector<int>& pages, std::size_t page, 
   h.fds.assign(pages.begin(), pages.end());
   return h;
 }
+depot::ipc_handle ordinary_handle()
+{
+  depot::ipc_handle o;
+  o.device = depot::device_id{depot::device_kind::hip, 1};
+  o.process = 77;
+  o.segment = 1 << 21;
+  o.size = o.requested = 512;
+  o.memory.bytes[5] = 9;
+  o.counter_fd = 4;
+  return o;
+}
 
 // A handle sent with its page descriptors over a Unix socket (SCM_RIGHTS): the receiver
 // maps the pages from its own descriptors, never taking the exporter's (the handle names
@@ -1690,22 +1687,13 @@ TEST_CASE("pool: a handle and its page descriptors sent over a Unix socket")
   int sv[2];
   REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
   const std::size_t descriptors = open_descriptors();
-  std::vector<int> pages(count);
+  const std::vector<int> pages = memfd_pages(count);
   std::vector<unsigned char> bytes(page);
   for (std::size_t i = 0; i < count; ++i) {
-    pages[i] = static_cast<int>(::syscall(SYS_memfd_create, "depot-test-page", MFD_CLOEXEC));
-    REQUIRE(pages[i] >= 0);
     std::fill(bytes.begin(), bytes.end(), static_cast<unsigned char>(i % 251 + 1));
     REQUIRE(::pwrite(pages[i], bytes.data(), page, 0) == static_cast<ssize_t>(page));
   }
-  depot::ipc_handle h;
-  h.device = depot::device_id{depot::device_kind::cuda, 0};
-  h.process = 1;
-  h.segment = std::uint64_t{1} << 30;
-  h.page = page;
-  h.offset = 100;
-  h.size = h.requested = count * page - 200;
-  h.fds.assign(pages.begin(), pages.end());
+  const depot::ipc_handle h = pages_handle(pages, page, 100);
   const auto& fake = fake_pages::backend;
   fake_pages::opens = fake_pages::closes = 0;
   // Without its descriptors, this handle cannot be opened here: process 1 refuses.
@@ -1746,13 +1734,7 @@ TEST_CASE("pool: a handle and its page descriptors sent over a Unix socket")
   for (int fd : pages) ::close(fd);
   CHECK(open_descriptors() == descriptors);  // every received descriptor closed with its holder
   // An ordinary segment's handle travels without descriptors.
-  depot::ipc_handle o;
-  o.device = depot::device_id{depot::device_kind::hip, 1};
-  o.process = 77;
-  o.segment = 1 << 21;
-  o.size = o.requested = 512;
-  o.memory.bytes[5] = 9;
-  o.counter_fd = 4;
+  const depot::ipc_handle o = ordinary_handle();
   depot::ipc_send(sv[0], o);
   {
     const depot::ipc_received r = depot::ipc_receive(sv[1]);
@@ -1797,12 +1779,7 @@ TEST_CASE("pool: handles over a SOCK_SEQPACKET socket")
   const std::vector<int> pages = memfd_pages(300);  // more than one message's 253 descriptors
   const std::size_t count = pages.size();
   const depot::ipc_handle h = pages_handle(pages, 4 * KiB, 100);
-  depot::ipc_handle o;
-  o.device = depot::device_id{depot::device_kind::hip, 1};
-  o.process = 77;
-  o.segment = 1 << 21;
-  o.size = o.requested = 512;
-  o.counter_fd = 4;
+  const depot::ipc_handle o = ordinary_handle();
   depot::ipc_send(sv[0], h);
   depot::ipc_send(sv[0], o, std::chrono::milliseconds{2000});
   {
