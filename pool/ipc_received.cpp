@@ -136,10 +136,11 @@ void send(int socket, const std::string& text, const std::vector<int>& fds, cons
 
 // Copies up to `bytes` of what the socket holds into `into` without taking it (MSG_PEEK, no
 // control buffer: descriptors stay queued with their bytes), waiting for the first byte as
-// recvmsg would. Returns how many bytes were there: 0 when the other end has closed (the
-// read that follows reports it), fewer than asked when the rest has not come yet or lies
-// past a message that carries descriptors (a peek stops there).
-std::size_t peek(int socket, char* into, std::size_t bytes, const deadline& until, std::chrono::milliseconds timeout)
+// recvmsg would. Returns how many bytes were there: 0 when the other end has closed or the
+// deadline passed with nothing (the read that follows reports either), fewer than asked
+// when the rest has not come yet or lies past a message that carries descriptors (a peek
+// stops there).
+std::size_t peek(int socket, char* into, std::size_t bytes, const deadline& until)
 {
   for (;;) {
     const ssize_t n = ::recv(socket, into, bytes, MSG_PEEK | MSG_DONTWAIT);
@@ -147,10 +148,7 @@ std::size_t peek(int socket, char* into, std::size_t bytes, const deadline& unti
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       if (wait_ready(socket, POLLIN, until, "ipc_receive")) continue;
-      fail("recvmsg",
-           "ipc_receive on socket " + std::to_string(socket) +
-               ": got 0 of 4 bytes of this part of the handle and 0 descriptors, " + waited(timeout),
-           ETIMEDOUT);
+      return 0;
     }
     fail("recvmsg", "ipc_receive on socket " + std::to_string(socket), errno);
   }
@@ -216,12 +214,12 @@ ipc_received receive(int socket, const deadline& until, std::chrono::millisecond
   std::optional<ipc_handle> parsed;
   {
     char head[4];
-    if (peek(socket, head, 4, until, timeout) == 4) {
+    if (peek(socket, head, 4, until) == 4) {
       std::uint32_t length = 0;
       std::memcpy(&length, head, 4);
       if (length <= k_max_text) {  // (else the read below refuses it)
         text.resize(4 + std::size_t{length});
-        if (peek(socket, text.data(), text.size(), until, timeout) == text.size()) {
+        if (peek(socket, text.data(), text.size(), until) == text.size()) {
           try {
             parsed = ipc_handle::from_hex(std::string_view{text}.substr(4));
           } catch (const invalid_argument&) {
