@@ -272,32 +272,28 @@ std::vector<allocator_under_test> allocators_for(int device, std::size_t cap,
                    cfg.trace_capacity = trace_capacity;  // --trace-out
                    depot_pool = std::make_unique<caching_allocator<D>>(device, cfg);
                  }));
+  // A depot pool the entry owns, made anew at each reset (the previous one freed first) with
+  // DEPOT_ALLOC_CONF's settings changed by `adjust`.
+  const auto owned_pool = [device](std::string name, void (*adjust)(allocator_config&)) {
+    auto pool = std::make_shared<std::unique_ptr<caching_allocator<D>>>();
+    return under_test(std::move(name),
+                      [pool](std::size_t n, native_stream s) { return (*pool)->allocate(n, stream_ref<D>{s}); },
+                      [pool](void* p, native_stream s) { (*pool)->deallocate(p, stream_ref<D>{s}); },
+                      [pool, device, adjust] {
+                        pool->reset();  // the previous configuration's pool goes first
+                        allocator_config cfg = allocator_config::from_environment();
+                        adjust(cfg);
+                        *pool = std::make_unique<caching_allocator<D>>(device, cfg);
+                      });
+  };
   // --alloc-instances: more instances of the same configuration, each its own allocator
   // (made when its row begins, after the ones before it: its structures land elsewhere).
   for (int i = 2; i <= instances; ++i) {
-    auto other = std::make_shared<std::unique_ptr<caching_allocator<D>>>();
-    out.push_back(under_test("depot/" + std::to_string(i),
-                   [other](std::size_t n, native_stream s) { return (*other)->allocate(n, stream_ref<D>{s}); },
-                   [other](void* p, native_stream s) { (*other)->deallocate(p, stream_ref<D>{s}); },
-                   [other, device] {
-                     other->reset();
-                     *other = std::make_unique<caching_allocator<D>>(device, allocator_config::from_environment());
-                   }));
+    out.push_back(owned_pool("depot/" + std::to_string(i), [](allocator_config&) {}));
   }
   // depot with expandable segments (where the backend can map memory): the same hits, and
   // misses that map pages into one address range per stream instead of making segments.
-  auto expandable = std::make_shared<std::unique_ptr<caching_allocator<D>>>();
-  out.push_back(under_test("depot-expandable",
-                 [expandable](std::size_t n, native_stream s) {
-                   return (*expandable)->allocate(n, stream_ref<D>{s});
-                 },
-                 [expandable](void* p, native_stream s) { (*expandable)->deallocate(p, stream_ref<D>{s}); },
-                 [expandable, device] {
-                   expandable->reset();  // the previous configuration's pool goes first
-                   allocator_config cfg = allocator_config::from_environment();  // DEPOT_ALLOC_CONF applies
-                   cfg.expandable_segments = true;
-                   *expandable = std::make_unique<caching_allocator<D>>(device, cfg);
-                 }));
+  out.push_back(owned_pool("depot-expandable", [](allocator_config& cfg) { cfg.expandable_segments = true; }));
   out.push_back(under_test(is_gpu_v<D> ? std::string{D::name} + "Malloc" : std::string{"malloc"},
                  [device](std::size_t n, native_stream) { return runtime<D>::allocate(n, device); },
                  [device](void* p, native_stream) { runtime<D>::deallocate(p, device); },
