@@ -218,7 +218,13 @@ static_assert(offsetof(block, seg) == 64, "a free's fields fill the first cache 
 // written. `(p != nullptr ? p : &k_edge)->state == free` is one unpredictable branch where
 // `p != nullptr && p->state == free` was two (release_block: 1.24 -> modelled mispredicted
 // branches per free at 64 MiB requests).
-constinit const block k_edge{.state = block_state::allocated};
+constexpr block edge_block() noexcept
+{
+  block b;
+  b.state = block_state::allocated;
+  return b;
+}
+constinit const block k_edge = edge_block();
 
 // A block record of state block_state::unmapped stands for whole pages unmapped inside an
 // expandable segment (a hole): never indexed, never merged with free blocks, never the

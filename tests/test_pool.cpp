@@ -1194,6 +1194,26 @@ TEST_CASE("pool: empty_cache gives the host backend's segments back to the syste
     }
   }
   CHECK_THROWS_AS((void)rt::map_segment(4096, 1), depot::invalid_argument);  // the host has device 0 only
+  // 2 MiB alignment from 2 MiB on (CUDA's for large allocations: the small pool's frame
+  // lookup and transparent huge pages rely on it), page alignment below; every byte asked
+  // for is there.
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  for (const std::size_t bytes : {std::size_t{2}, page, (std::size_t{2} << 20) - 1, std::size_t{2} << 20,
+                                  (std::size_t{3} << 20) + 1, std::size_t{64} << 20}) {
+    CAPTURE(bytes);
+    const std::size_t align = bytes >= rt::segment_alignment ? rt::segment_alignment : page;
+    std::vector<void*> held;
+    for (int i = 0; i < 4; ++i) {  // (several: one could be aligned by chance)
+      auto* p = static_cast<unsigned char*>(rt::map_segment(bytes, 0));
+      REQUIRE(p != nullptr);
+      CHECK(reinterpret_cast<std::uintptr_t>(p) % align == 0);
+      p[0] = 1;
+      p[bytes - 1] = 2;
+      CHECK(p[0] + p[bytes - 1] == 3);
+      held.push_back(p);
+    }
+    for (void* p : held) rt::unmap_segment(p, bytes);
+  }
   for (const bool pinned : {false, true}) {
     CAPTURE(pinned);
     depot::caching_allocator<depot::host> a{std::make_unique<depot::device_upstream<depot::host>>(0, pinned),

@@ -38,7 +38,10 @@ class host_runtime {
   // Whole pages of anonymous memory of their own (mmap), for segments of the caching
   // allocators (device and pinned); unmap_segment gives them back to the system at once
   // (bytes: as mapped). Not the heap: glibc keeps freed heap memory resident, so
-  // empty_cache() would lower memory_reserved() and not the process's memory.
+  // empty_cache() would lower memory_reserved() and not the process's memory. A segment
+  // of segment_alignment bytes or more starts at a multiple of it (a transparent huge
+  // page boundary, as CUDA and HIP align large allocations); a smaller one at a page.
+  static constexpr std::size_t segment_alignment = std::size_t{2} << 20;
   static void* map_segment(std::size_t bytes, int device);
   static void unmap_segment(void* ptr, std::size_t bytes) noexcept;
   // Always false: the host backend has no page-locked memory apart from other memory (its
