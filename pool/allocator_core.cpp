@@ -132,6 +132,18 @@ template <class X, class T>
   return static_cast<unsigned>(std::bit_width(s) - 1);
 #endif
 }
+// `set ? a : b` as a data select, for the same reason.
+template <class T>
+[[gnu::always_inline]] inline T* select_if(bool set, T* a, T* b) noexcept
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+  asm("test %1, %1\n\tcmovne %2, %0" : "+r"(b) : "r"(static_cast<unsigned>(set)), "r"(a) : "cc");
+  return b;
+#else
+  const std::uintptr_t m = std::uintptr_t{0} - std::uintptr_t{set};
+  return reinterpret_cast<T*>((reinterpret_cast<std::uintptr_t>(a) & m) | (reinterpret_cast<std::uintptr_t>(b) & ~m));
+#endif
+}
 
 // A block record of a linked segment. Two cache lines: the first holds all that a free, a
 // merge and the free index read or write (the block's and its neighbours'), the second what
@@ -317,7 +329,7 @@ class segregated_index {
     const auto emptied = static_cast<unsigned>(heads_[fl][sl] == nullptr);
     const auto sm = static_cast<std::uint16_t>(sl_map_[fl] & ~(emptied << sl));
     sl_map_[fl] = sm;
-    if (sm == 0) fl_map_ &= ~(std::uint64_t{1} << fl);
+    fl_map_ &= ~(std::uint64_t{sm == 0} << fl);  // (no branch: release_block's no_next empties level 63 at most frees)
     bytes_ -= b->*Key;
   }
 
@@ -377,6 +389,8 @@ class segregated_index {
   block* sink_or(block* b) noexcept { return b != nullptr ? b : &sink_; }
 };
 using free_index = segregated_index<&block::size>;
+// Level 63 of an index is never used (find's "none above" bit, stream_cache::no_next's list).
+static_assert(k_max_request < (std::size_t{1} << 63));
 using hole_index = segregated_index<&block::room>;
 
 // Records by a non-zero key (an address, or a 2 MiB frame number + 1): open addressing with
@@ -1444,6 +1458,14 @@ struct stream_cache {
   // complete).
   native_event fence = nullptr;
   block* spare = nullptr;  // recycled block records, linked through `next`
+  // What release_block merges when the next block is not free: never linked into a
+  // segment or indexed; its list is one nobody uses (level 63), its size 0 and it is not
+  // counted split, so taking it out of the free index and absorbing it change nothing.
+  block no_next = [] {
+    block b;
+    b.cls = 63 * 16 + 15;
+    return b;
+  }();
   // The block records this cache made, k_block_chunk to a heap allocation. A record moves
   // to another cache with its segment; all of them live as long as the allocator.
   std::vector<std::unique_ptr<block[]>> block_chunks;
@@ -2332,9 +2354,20 @@ struct allocator_core::impl {
       absorb_next(c, p);
       b = p;
     }
-    if (select_if_set(b->next, static_cast<const block*>(b->next), &k_edge)->state == block_state::free) {
-      unindex<true>(c, b->next, small);
-      absorb_next(c, b);
+    // The next block merged without a branch: whether it is free is the workload's coin
+    // toss (0.45 mispredicted branches per free at 64 MiB requests, callgrind). Where it
+    // is not, the same steps take out and absorb c.no_next, which changes nothing.
+    {
+      block* const n = b->next;
+      const bool merge = select_if_set(n, static_cast<const block*>(n), &k_edge)->state == block_state::free;
+      c.no_next.next = n;
+      block* const m = select_if(merge, n, &c.no_next);
+      unindex<true>(c, m, small);
+      b->size += m->size;
+      b->next = m->next;
+      *select_if_set(m->next, block::prev_field(m->next), &b->seg->last) = b;
+      m->next = c.spare;
+      c.spare = select_if(merge, m, c.spare);
     }
     index<true>(c, b, small);
     if (!c.holes.empty()) [[unlikely]] holes_beside(c, b);
