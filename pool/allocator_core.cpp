@@ -228,8 +228,9 @@ static_assert(offsetof(block, seg) == 64, "a free's fields fill the first cache 
 
 // What a merge test reads for a missing neighbour (a segment's end): never free, never
 // written. `(p != nullptr ? p : &k_edge)->state == free` is one unpredictable branch where
-// `p != nullptr && p->state == free` was two (release_block: 1.24 -> modelled mispredicted
-// branches per free at 64 MiB requests).
+// `p != nullptr && p->state == free` was two (release_block: 1.25 -> 0.85 modelled
+// mispredicted branches per free at 64 MiB requests, callgrind; -8 % of the pair's time
+// with aac2845's other changes, BENCHMARKS.md).
 constexpr block edge_block() noexcept
 {
   block b;
@@ -389,9 +390,9 @@ class segregated_index {
   block* sink_or(block* b) noexcept { return b != nullptr ? b : &sink_; }
 };
 using free_index = segregated_index<&block::size>;
+using hole_index = segregated_index<&block::room>;
 // Level 63 of an index is never used (find's "none above" bit, stream_cache::no_next's list).
 static_assert(k_max_request < (std::size_t{1} << 63));
-using hole_index = segregated_index<&block::room>;
 
 // Records by a non-zero key (an address, or a 2 MiB frame number + 1): open addressing with
 // linear probing and backward-shift deletion, so erasing never allocates and inserting
