@@ -120,6 +120,18 @@ template <class X, class T>
 #endif
 }
 
+// `set ? a : b` as a data select, for the same reason (a bool where select_if_set tests a pointer).
+template <class T>
+[[gnu::always_inline]] inline T* select_if(bool set, T* a, T* b) noexcept
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+  asm("test %1, %1\n\tcmovne %2, %0" : "+r"(b) : "r"(static_cast<unsigned>(set)), "r"(a) : "cc");
+  return b;
+#else
+  const std::uintptr_t m = std::uintptr_t{0} - std::uintptr_t{set};
+  return reinterpret_cast<T*>((reinterpret_cast<std::uintptr_t>(a) & m) | (reinterpret_cast<std::uintptr_t>(b) & ~m));
+#endif
+}
 
 // floor(log2(s)) for s > 0: `std::bit_width(s) - 1` tests for 0 first (a compare and a
 // branch at each of the ~5 index mappings of a pair); bsr / clz alone here.
@@ -130,18 +142,6 @@ template <class X, class T>
   return 63U ^ static_cast<unsigned>(__builtin_clzll(s));
 #else
   return static_cast<unsigned>(std::bit_width(s) - 1);
-#endif
-}
-// `set ? a : b` as a data select, for the same reason.
-template <class T>
-[[gnu::always_inline]] inline T* select_if(bool set, T* a, T* b) noexcept
-{
-#if defined(__x86_64__) && defined(__GNUC__)
-  asm("test %1, %1\n\tcmovne %2, %0" : "+r"(b) : "r"(static_cast<unsigned>(set)), "r"(a) : "cc");
-  return b;
-#else
-  const std::uintptr_t m = std::uintptr_t{0} - std::uintptr_t{set};
-  return reinterpret_cast<T*>((reinterpret_cast<std::uintptr_t>(a) & m) | (reinterpret_cast<std::uintptr_t>(b) & ~m));
 #endif
 }
 
@@ -2328,13 +2328,22 @@ struct allocator_core::impl {
   }
 
   // b takes in the block after it (not indexed), whose record is recycled.
-  [[gnu::always_inline]] static void absorb_next(stream_cache& c, block* b) noexcept
+  [[gnu::always_inline]] static void absorb_next(stream_cache& c, block* b) noexcept { absorb<true>(c, b, b->next, true); }
+  // b takes in n: the block after it (not indexed), whose record is recycled where
+  // `recycled` (always where Always), or c.no_next, which changes nothing (release_block's
+  // merge without a branch: its `next` is b's next, its size 0, and it is not recycled).
+  template <bool Always>
+  [[gnu::always_inline]] static void absorb(stream_cache& c, block* b, block* n, bool recycled) noexcept
   {
-    block* n = b->next;
     b->size += n->size;
     b->next = n->next;
     *select_if_set(n->next, block::prev_field(n->next), &b->seg->last) = b;
-    c.recycle(n);
+    if constexpr (Always) {
+      c.recycle(n);
+    } else {
+      n->next = c.spare;
+      c.spare = select_if(recycled, n, c.spare);
+    }
   }
 
   // Back to the cache: merge with free neighbours, index (caller holds c.mu).
@@ -2364,11 +2373,7 @@ struct allocator_core::impl {
       c.no_next.next = n;
       block* const m = select_if(merge, n, &c.no_next);
       unindex<true>(c, m, small);
-      b->size += m->size;
-      b->next = m->next;
-      *select_if_set(m->next, block::prev_field(m->next), &b->seg->last) = b;
-      m->next = c.spare;
-      c.spare = select_if(merge, m, c.spare);
+      absorb<false>(c, b, m, merge);
     }
     index<true>(c, b, small);
     if (!c.holes.empty()) [[unlikely]] holes_beside(c, b);
