@@ -60,6 +60,7 @@
 #include <ctime>
 #include <functional>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <shared_mutex>
 #include <sstream>
@@ -645,6 +646,81 @@ class segment_table {
   std::vector<std::unique_ptr<chunk>> top_;
   std::vector<std::uint32_t> free_;
   std::uint32_t next_ = 0;
+};
+
+// Every segment of an allocator by its range of addresses (an expandable one: its whole
+// reservation), with where its header says which stream cache holds it now. A free whose
+// block is in neither cache it tries first (a thread that frees blocks of many streams,
+// naming none) asks here and locks that one cache, where it tried every cache in turn
+// (64 streams: ~1 us a free on the development VM). Thread safety: its own mutex, a leaf
+// (its holder takes no other lock). An entry's node is made before anything of a new
+// segment changes (node(), which may throw std::bad_alloc) and added once the segment is in
+// a cache (add(), no allocation); it is removed before the header is freed or its slot
+// reused. A header's `cache` changes (a move between caches, under both caches' locks) by
+// an atomic store and is read here by an atomic load, so a caller may be told the cache a
+// segment just left: it then finds no block there and looks the long way.
+class segment_directory {
+ public:
+  struct entry {
+    std::uintptr_t end = 0;
+    stream_cache** owner = nullptr;  // the header's `cache`
+  };
+  using node_type = std::map<std::uintptr_t, entry>::node_type;
+
+  // A node for the segment at [addr, addr + bytes) whose header's cache is *owner; may
+  // throw std::bad_alloc. (add() takes it; dropped unused, it frees itself.)
+  static node_type node(std::uintptr_t addr, std::size_t bytes, stream_cache** owner)
+  {
+    std::map<std::uintptr_t, entry> one;
+    return one.extract(one.emplace(addr, entry{addr + bytes, owner}).first);
+  }
+  void add(node_type&& n) noexcept
+  {
+    std::lock_guard g{mu_};
+    by_addr_.insert(std::move(n));  // (a node: no allocation; addresses are unique)
+  }
+  void remove(std::uintptr_t addr) noexcept
+  {
+    std::lock_guard g{mu_};
+    by_addr_.erase(addr);
+  }
+  // The cache whose segment holds address p, as its header said a moment ago; nullptr when
+  // no segment of this allocator holds it.
+  [[nodiscard]] stream_cache* owner_of(std::uintptr_t p) const noexcept
+  {
+    std::lock_guard g{mu_};
+    auto it = by_addr_.upper_bound(p);
+    if (it == by_addr_.begin()) return nullptr;
+    --it;
+    if (p >= it->second.end) return nullptr;
+    return std::atomic_ref<stream_cache*>{*it->second.owner}.load(std::memory_order_relaxed);
+  }
+  // Whether the segment at addr is listed as [addr, end) with its header's cache c; and
+  // how many are listed (check_directory).
+  [[nodiscard]] bool lists(std::uintptr_t addr, std::uintptr_t end, const stream_cache* c) const noexcept
+  {
+    std::lock_guard g{mu_};
+    const auto it = by_addr_.find(addr);
+    return it != by_addr_.end() && it->second.end == end &&
+           std::atomic_ref<stream_cache*>{*it->second.owner}.load(std::memory_order_relaxed) == c;
+  }
+  [[nodiscard]] std::size_t size() const noexcept
+  {
+    std::lock_guard g{mu_};
+    return by_addr_.size();
+  }
+  // A header's cache changes (under the caches' locks) through this, so owner_of() can read it.
+  static void set_owner(stream_cache*& field, stream_cache* c) noexcept
+  {
+    std::atomic_ref<stream_cache*>{field}.store(c, std::memory_order_relaxed);
+  }
+
+  void fork_hold() noexcept { mu_.lock(); }  // (allocator_core::impl::fork_hold)
+  void fork_release(bool child) noexcept { release_after_fork(mu_, child); }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::uintptr_t, entry> by_addr_;
 };
 
 // Exact-size segregated free lists of the small pool of one stream cache: one list per
@@ -1533,7 +1609,7 @@ struct stream_cache {
   {
     small_dir.insert(small_after(s->addr), {s->addr, s});
     small_frames.insert(frame_key(s->addr), s);
-    s->cache = this;
+    segment_directory::set_owner(s->cache, this);
   }
   void reserve_small(std::size_t n = 1)
   {
@@ -1554,7 +1630,7 @@ struct stream_cache {
       from.small_frames.erase(frame_key(s->addr));
       small_dir.push_back(d);  // capacity reserved
       small_frames.insert(frame_key(s->addr), s);
-      s->cache = this;
+      segment_directory::set_owner(s->cache, this);
       moved(*s);
       return true;
     });
@@ -1848,6 +1924,7 @@ struct allocator_core::impl {
   std::size_t vm_span = 0;  // and the addresses each reserves
 
   segment_table small_table;
+  segment_directory directory;  // every segment here, for frees that find their block nowhere they look first
   mutable std::shared_mutex registry_mu;
   std::unordered_map<native_stream, stream_cache*> by_stream;
   std::vector<std::unique_ptr<stream_cache>> caches;
@@ -2392,7 +2469,7 @@ struct allocator_core::impl {
 
   void link_segment(stream_cache& c, segment* s) noexcept
   {
-    s->cache = &c;
+    segment_directory::set_owner(s->cache, &c);
     segment_list::push_front(c.segments, s);
   }
   static void unlink_segment(stream_cache& c, segment* s) noexcept { segment_list::unlink(c.segments, s); }
@@ -2414,6 +2491,7 @@ struct allocator_core::impl {
     give_back(*s);
     if (c.growing == s) c.growing = nullptr;
     c.recycle(b);
+    directory.remove(s->addr);
     delete s;
   }
 
@@ -2818,6 +2896,7 @@ struct allocator_core::impl {
     c.delta->change_segments(true, k_small_segment, -1);
     record(event_of(trace_kind::segment_free, s.addr, k_small_segment, 0, c.stream));
     up->deallocate(reinterpret_cast<void*>(s.addr), k_small_segment);
+    directory.remove(s.addr);
     small_table.release(s);
   }
 
@@ -3725,7 +3804,9 @@ struct allocator_core::impl {
     if (s != nullptr && s->size + need > s->reserved) return {};
     make_room(c, 2);  // the new block's record and a split's: nothing below can throw
     std::unique_ptr<segment> fresh;
+    segment_directory::node_type listed;
     if (s == nullptr) {
+      listed = segment_directory::node(0, vm_span, nullptr);
       fresh = std::make_unique<segment>();
       try {
         fresh->addr = reinterpret_cast<std::uintptr_t>(up->vm_reserve(vm_span));
@@ -3761,7 +3842,10 @@ struct allocator_core::impl {
       b->seg = s;
       s->head = s->last = b;
       s->size = need;
+      listed.key() = s->addr;
+      listed.mapped() = {s->addr + s->reserved, &s->cache};
       link_segment(c, fresh.release());
+      directory.add(std::move(listed));
       c.growing = s;
       index(c, b);
       record(event_of(trace_kind::segment_allocate, s->addr, need, 0, c.stream));
@@ -3873,6 +3957,7 @@ struct allocator_core::impl {
     cache_lock g{figures, c};
     block_ref out;
     try {
+      segment_directory::node_type listed = segment_directory::node(addr, seg_bytes, nullptr);
       if (dense(size)) {
         c.reserve_small();
         small_segment* seg = small_table.acquire(addr);
@@ -3889,6 +3974,7 @@ struct allocator_core::impl {
           throw;
         }
         c.add_small(seg);
+        listed.mapped().owner = &seg->cache;
         out = {nullptr, seg, 0};
       } else {
         auto seg = std::make_unique<segment>();
@@ -3903,9 +3989,11 @@ struct allocator_core::impl {
         b->small = small;
         seg->head = b;
         seg->last = b;
+        listed.mapped().owner = &seg->cache;
         link_segment(c, seg.release());
         out = {b, nullptr, 0};
       }
+      directory.add(std::move(listed));
     } catch (...) {
       up->deallocate(p, seg_bytes);
       throw;
@@ -4061,6 +4149,13 @@ struct allocator_core::impl {
     if (last != nullptr && last != hint) {
       if (auto found = lookup_in(*last, ptr, erase); found.first.found()) return found;
     }
+    // The cache whose segment holds ptr. (A live block's segment stays in its cache: only
+    // whole free segments move. The walk below stays for what this does not find: a
+    // double free's error, or a pointer from elsewhere.)
+    stream_cache* const owner = directory.owner_of(reinterpret_cast<std::uintptr_t>(ptr));
+    if (owner != nullptr && owner != hint && owner != last) {
+      if (auto found = lookup_in(*owner, ptr, erase); found.first.found()) return found;
+    }
     for (std::size_t i = 0;; ++i) {
       stream_cache* c = nullptr;
       {
@@ -4068,7 +4163,7 @@ struct allocator_core::impl {
         if (i >= caches.size()) break;
         c = caches[i].get();
       }
-      if (c == hint || c == last) continue;
+      if (c == hint || c == last || c == owner) continue;
       if (auto found = lookup_in(*c, ptr, erase); found.first.found()) return found;
     }
     throw invalid_argument("depot: " + dev.to_string() + " caching allocator: pointer " +
@@ -4183,6 +4278,7 @@ struct allocator_core::impl {
     }
     figures.mu.lock();
     small_table.fork_hold();
+    directory.fork_hold();
     importers.fork_hold();
     trace_mu.lock();
     oom_mu.lock();
@@ -4198,6 +4294,7 @@ struct allocator_core::impl {
     release_after_fork(oom_mu, child);
     release_after_fork(trace_mu, child);
     importers.fork_release(child);
+    directory.fork_release(child);
     small_table.fork_release(child);
     figures.mu.unlock();
     for (const auto& c : caches) {
@@ -4369,6 +4466,7 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
     }
   }
   auto [b, lock] = m.lookup_elsewhere(ptr, hint, true);
+  if (m.free_simple(lock, b, stream, stream_given, expected_bytes)) return;
   m.free_general(b, std::move(lock), stream, stream_given, expected_bytes);
 }
 
@@ -4714,6 +4812,35 @@ ipc_handle allocator_core::ipc_export(void* ptr)
 }
 
 memory_stats allocator_core::stats() const { return impl_->stats(); }
+
+std::string allocator_core::check_directory() const
+{
+  const impl& m = *impl_;
+  std::shared_lock r{m.registry_mu};
+  std::vector<std::unique_lock<cache_mutex>> locks;
+  m.lock_all(locks);
+  std::size_t segments = 0;
+  for (const auto& c : m.caches) {
+    for (const segment* s = c->segments; s != nullptr; s = s->lnext, ++segments) {
+      const std::uintptr_t end = s->addr + (s->reserved != 0 ? s->reserved : s->size);
+      if (!m.directory.lists(s->addr, end, c.get())) {
+        return "segment " + format_address(s->addr) + " of stream " + format_address(c->stream) +
+               " is not listed with its range and cache";
+      }
+    }
+    for (const auto& [addr, s] : c->small_dir) {
+      ++segments;
+      if (!m.directory.lists(addr, addr + k_small_segment, c.get())) {
+        return "small segment " + format_address(addr) + " of stream " + format_address(c->stream) +
+               " is not listed with its range and cache";
+      }
+    }
+  }
+  if (const std::size_t n = m.directory.size(); n != segments) {
+    return std::to_string(n) + " segments listed, " + std::to_string(segments) + " held";
+  }
+  return {};
+}
 
 allocator_snapshot allocator_core::snapshot() const
 {

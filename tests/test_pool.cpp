@@ -3731,7 +3731,7 @@ TEST_CASE("pool: segments at any offset from the 2 MiB frames: every free finds 
   // 6 000 seeded operations over all three pools (1 B - 64 KiB dense, to 1 MiB linked small,
   // to 70 MiB large) on two streams, segments placed at odd offsets and released now and
   // then; interior and neighbouring pointers, double frees and wrong sizes refused;
-  // invariants every 50 operations.
+  // invariants and the directory of segments every 50 operations.
   const auto seed = depot::test::seed("pool scattered segments", 11);
   std::mt19937_64 rng{seed};
   auto up = std::make_unique<scattered_upstream>(seed);
@@ -3769,7 +3769,10 @@ TEST_CASE("pool: segments at any offset from the 2 MiB frames: every free finds 
       live[k] = live.back();
       live.pop_back();
     }
-    if (op % 50 == 0) check_invariants(a.stats(), a.snapshot());
+    if (op % 50 == 0) {
+      check_invariants(a.stats(), a.snapshot());
+      CHECK(a.check_directory() == "");
+    }
     if (op % 400 == 399) a.empty_cache();  // whole free segments go; new ones land elsewhere
   }
   for (const live_block& b : live) a.deallocate(b.p, nullptr, false, 0);
@@ -4158,6 +4161,29 @@ TEST_CASE_TEMPLATE("pool: device_upstream records kept events again", D, DEPOT_T
   up.destroy_event(nullptr);  // nothing
 }
 
+// Four threads, each 60 times making a stream, calling body(t, i, stream, rng) with it
+// and destroying it (rng: the thread's own, seeded seed + t); every 8th time the fences
+// recorded so far complete.
+template <class Body>
+void streams_come_and_go(manual_event_upstream::state& ev, std::uint64_t seed, Body body)
+{
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng{seed + t};
+      for (int i = 0; i < 60; ++i) {
+        depot::stream<depot::host> s;
+        body(t, i, s, rng);
+        if (i % 8 == 7) {
+          const std::lock_guard g{ev.mu};
+          ev.open.clear();
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+}
+
 // Streams made and destroyed on four threads at once, on an asynchronous backend (CPU
 // memory, events counted): closings record fences while other threads steal from those
 // caches and new streams reuse their handles. Every stream is a depot::stream, so no steal
@@ -4169,45 +4195,166 @@ TEST_CASE("pool: streams that come and go on four threads are ordered by events,
   depot::detail::allocator_core a = async_core(ev);
   const auto seed = depot::test::seed("pool streams come and go, 4 threads", 11);
   std::atomic<int> bad{0};
-  std::vector<std::thread> threads;
-  for (unsigned t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      std::mt19937_64 rng{seed + t};
-      for (int i = 0; i < 60; ++i) {
-        depot::stream<depot::host> s;
-        std::vector<std::pair<unsigned char*, std::size_t>> live;
-        for (int k = 0; k < 3; ++k) {
-          const std::size_t n = 1 + rng() % (6 * MiB);
-          auto* p = static_cast<unsigned char*>(a.allocate(n, s.native()));
-          const auto id = static_cast<unsigned char>(t * 64 + static_cast<unsigned>(k));
-          std::memset(p, id, n);
-          live.emplace_back(p, n);
-        }
-        for (std::size_t k = 0; k < live.size(); ++k) {
-          const auto [p, n] = live[k];
-          const auto id = static_cast<unsigned char>(t * 64 + k);
-          if (p[0] != id || p[n / 2] != id || p[n - 1] != id) bad.fetch_add(1);
-          a.deallocate(p, s.native(), true, 0);
-        }
-        if (i % 8 == 7) {  // the fences recorded so far complete
-          const std::lock_guard g{ev->mu};
-          ev->open.clear();
-        }
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
+  streams_come_and_go(*ev, seed, [&](unsigned t, int, depot::stream<depot::host>& s, std::mt19937_64& rng) {
+    std::vector<std::pair<unsigned char*, std::size_t>> live;
+    for (int k = 0; k < 3; ++k) {
+      const std::size_t n = 1 + rng() % (6 * MiB);
+      auto* p = static_cast<unsigned char*>(a.allocate(n, s.native()));
+      const auto id = static_cast<unsigned char>(t * 64 + static_cast<unsigned>(k));
+      std::memset(p, id, n);
+      live.emplace_back(p, n);
+    }
+    for (std::size_t k = 0; k < live.size(); ++k) {
+      const auto [p, n] = live[k];
+      const auto id = static_cast<unsigned char>(t * 64 + k);
+      if (p[0] != id || p[n / 2] != id || p[n - 1] != id) bad.fetch_add(1);
+      a.deallocate(p, s.native(), true, 0);
+    }
+  });
   CHECK(bad.load() == 0);
   CHECK(ev->syncs == 0);
   CHECK(ev->recorded >= 4 * 60);  // a fence at each closing at least
   MESSAGE("fences and steal events recorded: " << ev->recorded << ", waits queued on streams: " << ev->stream_waits);
   const depot::memory_stats st = a.stats();
   check_invariants(st, a.snapshot());
+  CHECK(a.check_directory() == "");  // every segment listed with the cache that took it last
   CHECK(st.allocated_bytes.all.current == 0);
   // Not stranded: at most what 4 threads' 3 live blocks of <= 6 MiB need at once, in
   // segments of <= 20 MiB (a cache takes others' whole free segments before growing).
   CHECK(st.reserved_bytes.all.peak <= static_cast<std::int64_t>(4 * 3 * 20 * MiB));
   a.empty_cache();
+}
+
+// Four threads free each other's blocks, naming no stream, while their streams come and
+// go: the frees ask the directory of segments while other threads' misses move whole free
+// segments between caches (steals, under both caches' locks) and new segments are listed.
+// Every block keeps its contents, and the directory ends listing every segment with the
+// cache that holds it (the thread-sanitizer build runs this).
+TEST_CASE("pool: threads free each other's blocks unnamed while streams come and go")
+{
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a = async_core(ev);
+  const auto seed = depot::test::seed("pool unnamed frees across threads, streams come and go", 13);
+  struct live_block {
+    unsigned char* p;
+    std::size_t n;
+    unsigned char id;
+  };
+  std::mutex mu;
+  std::vector<live_block> shared;  // made by any thread, freed by any
+  std::atomic<int> bad{0};
+  const auto free_checked = [&](const live_block& b) {
+    if (b.p[0] != b.id || b.p[b.n / 2] != b.id || b.p[b.n - 1] != b.id) bad.fetch_add(1);
+    a.deallocate(b.p, nullptr, false, 0);
+  };
+  streams_come_and_go(*ev, seed, [&](unsigned t, int i, depot::stream<depot::host>& s, std::mt19937_64& rng) {
+    for (int k = 0; k < 4; ++k) {
+      const std::size_t n = 1 + rng() % (k % 2 == 0 ? 64 * KiB : 3 * MiB);
+      auto* p = static_cast<unsigned char*>(a.allocate(n, s.native()));
+      const auto id = static_cast<unsigned char>(t * 64 + static_cast<unsigned>(i % 16) * 4 + static_cast<unsigned>(k));
+      std::memset(p, id, n);
+      const std::lock_guard g{mu};
+      shared.push_back({p, n, id});
+    }
+    for (int k = 0; k < 4; ++k) {
+      live_block b{};
+      {
+        const std::lock_guard g{mu};
+        if (shared.empty()) break;
+        const std::size_t at = rng() % shared.size();
+        b = shared[at];
+        shared[at] = shared.back();
+        shared.pop_back();
+      }
+      free_checked(b);
+    }
+  });
+  for (const live_block& b : shared) free_checked(b);
+  CHECK(bad.load() == 0);
+  const depot::memory_stats st = a.stats();
+  check_invariants(st, a.snapshot());
+  CHECK(a.check_directory() == "");
+  CHECK(st.allocated_bytes.all.current == 0);
+  a.empty_cache();
+  CHECK(a.check_directory() == "");
+  CHECK(a.stats().num_segments.all.current == 0);
+}
+
+// A free that names no stream, of a block in neither the calling thread's last stream's
+// cache nor its last operation's, finds the block's cache through the directory of
+// segments by address (it tried every cache in turn): blocks of every kind made on 64
+// streams, freed unnamed by another thread in a random order, each checked first; then a
+// double free and pointers into a block or beside the pool are refused, naming the
+// pointer and changing nothing. With and without expandable segments.
+TEST_CASE_TEMPLATE("pool: frees that name no stream find their block among 64 streams' caches", D, DEPOT_TEST_DEVICES)
+{
+  for (const bool expandable : {false, true}) {
+    CAPTURE(expandable);
+    depot::allocator_config cfg = quiet_config<D>();
+    cfg.expandable_segments = expandable;
+    depot::caching_allocator<D> a{0, cfg};
+    const auto seed = depot::test::seed("pool frees naming no stream, 64 streams", 29);
+    std::mt19937_64 rng{seed};
+    std::vector<std::unique_ptr<depot::stream<D>>> streams;
+    for (int i = 0; i < 64; ++i) streams.push_back(std::make_unique<depot::stream<D>>());
+    struct live_block {
+      void* p;
+      std::size_t n;
+      unsigned char id;
+    };
+    std::vector<live_block> live;
+    // dense small (<= 64 KiB), linked small (<= 1 MiB) and large blocks on every stream
+    const std::size_t kinds[] = {4 * KiB, 60 * KiB, 700 * KiB, 3 * MiB};
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      for (const std::size_t k : kinds) {
+        const std::size_t n = 1 + rng() % k;
+        const auto id = static_cast<unsigned char>(live.size() * 7 + 1);
+        void* p = a.allocate(n, *streams[i]);
+        fill_bytes<D>(p, n, id, *streams[i]);
+        live.push_back({p, n, id});
+      }
+    }
+    for (auto& s : streams) s->synchronize();
+    std::shuffle(live.begin(), live.end(), rng);
+    // freed last, by this thread: one larger than 512 bytes, so its address + 512 is inside it
+    std::iter_swap(std::find_if(live.begin(), live.end(), [](const live_block& b) { return b.n > 512; }),
+                   live.end() - 1);
+    const live_block kept = live.back();
+    live.pop_back();
+    const std::int64_t before = a.stats().num_allocations.all.current;
+    std::atomic<int> bad{0};
+    std::thread consumer{[&] {
+      std::mt19937_64 r{seed + 1};
+      for (const live_block& b : live) {
+        if (!check_bytes<D>(b.p, b.n, b.id, r)) bad.fetch_add(1);
+        a.deallocate(b.p);
+      }
+    }};
+    consumer.join();
+    CHECK(bad.load() == 0);
+    CHECK(a.stats().num_allocations.all.current == before - static_cast<std::int64_t>(live.size()));
+    depot::test::check_invariants(a);
+    // Refused, naming the pointer, and nothing changed.
+    const depot::memory_stats held = a.stats();
+    const auto refused = [&](void* p) {
+      CAPTURE(p);
+      const std::string where = depot::format_address(p);
+      CHECK_THROWS_WITH_AS(a.deallocate(p), doctest::Contains(where.c_str()), depot::invalid_argument);
+    };
+    refused(live.front().p);                                   // freed already
+    refused(static_cast<unsigned char*>(kept.p) + 512);        // inside a live block
+    int outside = 0;
+    refused(&outside);                                         // not this allocator's
+    CHECK(a.stats().num_allocations.all.current == held.num_allocations.all.current);
+    CHECK(a.stats().allocated_bytes.all.current == held.allocated_bytes.all.current);
+    std::mt19937_64 r{seed + 2};
+    CHECK(check_bytes<D>(kept.p, kept.n, kept.id, r));
+    a.deallocate(kept.p);
+    CHECK(a.stats().allocated_bytes.all.current == 0);
+    depot::test::check_invariants(a);
+    a.empty_cache();
+    CHECK(a.stats().reserved_bytes.all.current == 0);
+  }
 }
 
 // A stream that finds no fitting block takes over every whole free segment of the pool it

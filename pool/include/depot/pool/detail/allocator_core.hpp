@@ -45,6 +45,11 @@ class allocator_core {
 
   [[nodiscard]] memory_stats stats() const;
   [[nodiscard]] allocator_snapshot snapshot() const;
+  // For tests: whether the directory of segments by address (what a free that finds its
+  // block in neither cache it tries first asks) lists every segment, with its range and
+  // the cache that holds it, and nothing else. Empty when it does, else the first
+  // difference. Takes every lock, as snapshot().
+  [[nodiscard]] std::string check_directory() const;
   [[nodiscard]] std::vector<trace_event> trace() const;
   [[nodiscard]] std::string trace_json() const;
   [[nodiscard]] std::string summary() const;
