@@ -1572,6 +1572,10 @@ struct stream_cache {
   // One of them could not even list the stream it was freed on: the device's work is
   // finished before they are settled.
   bool in_place_sync = false;
+  // The segments it holds (linked and dense), changed under its lock and read without it
+  // by a steal, which skips a cache holding none without locking it: a new stream's miss
+  // tried every cache's lock in turn, 23 ns each, ~0.5 ms at 20 000 streams' caches.
+  std::atomic<std::uint32_t> held{0};
 
   void recycle(block* b) noexcept
   {
@@ -1608,6 +1612,7 @@ struct stream_cache {
   void add_small(small_segment* s) noexcept
   {
     small_dir.insert(small_after(s->addr), {s->addr, s});
+    held.fetch_add(1, std::memory_order_relaxed);
     small_frames.insert(frame_key(s->addr), s);
     segment_directory::set_owner(s->cache, this);
   }
@@ -1629,6 +1634,8 @@ struct stream_cache {
       if (!pick(*s)) return false;
       from.small_frames.erase(frame_key(s->addr));
       small_dir.push_back(d);  // capacity reserved
+      held.fetch_add(1, std::memory_order_relaxed);
+      from.held.fetch_sub(1, std::memory_order_relaxed);
       small_frames.insert(frame_key(s->addr), s);
       segment_directory::set_owner(s->cache, this);
       moved(*s);
@@ -1642,6 +1649,7 @@ struct stream_cache {
                                [](const auto& d, std::uintptr_t v) { return d.first < v; });
     if (it != small_dir.end() && it->second == s) {
       small_dir.erase(it);
+      held.fetch_sub(1, std::memory_order_relaxed);
       small_frames.erase(frame_key(s->addr));
     }
   }
@@ -2471,8 +2479,13 @@ struct allocator_core::impl {
   {
     segment_directory::set_owner(s->cache, &c);
     segment_list::push_front(c.segments, s);
+    c.held.fetch_add(1, std::memory_order_relaxed);
   }
-  static void unlink_segment(stream_cache& c, segment* s) noexcept { segment_list::unlink(c.segments, s); }
+  static void unlink_segment(stream_cache& c, segment* s) noexcept
+  {
+    segment_list::unlink(c.segments, s);
+    c.held.fetch_sub(1, std::memory_order_relaxed);
+  }
 
   // Returns a whole free segment to the upstream (caller holds c.mu); an expandable one
   // also when its one block is a hole (nothing mapped).
@@ -3623,6 +3636,7 @@ struct allocator_core::impl {
     const bool want_dense = dense(size);
     for (auto& other : caches) {
       if (other.get() == &c || other->capture_pool != 0) continue;
+      if (other->held.load(std::memory_order_relaxed) == 0) continue;  // (a moment ago: nothing to give)
       if (std::try_lock(other->mu, c.mu) != -1) continue;
       const cache_lock other_lock{figures, *other, std::adopt_lock};
       const cache_lock own_lock{figures, c, std::adopt_lock};
@@ -4821,6 +4835,7 @@ std::string allocator_core::check_directory() const
   m.lock_all(locks);
   std::size_t segments = 0;
   for (const auto& c : m.caches) {
+    const std::size_t before = segments;
     for (const segment* s = c->segments; s != nullptr; s = s->lnext, ++segments) {
       const std::uintptr_t end = s->addr + (s->reserved != 0 ? s->reserved : s->size);
       if (!m.directory.lists(s->addr, end, c.get())) {
@@ -4834,6 +4849,10 @@ std::string allocator_core::check_directory() const
         return "small segment " + format_address(addr) + " of stream " + format_address(c->stream) +
                " is not listed with its range and cache";
       }
+    }
+    if (const std::uint32_t held = c->held.load(std::memory_order_relaxed); held != segments - before) {
+      return "the cache of stream " + format_address(c->stream) + " counts " + std::to_string(held) +
+             " segments and holds " + std::to_string(segments - before);
     }
   }
   if (const std::size_t n = m.directory.size(); n != segments) {

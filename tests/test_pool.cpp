@@ -4280,6 +4280,31 @@ TEST_CASE("pool: threads free each other's blocks unnamed while streams come and
   CHECK(a.stats().num_segments.all.current == 0);
 }
 
+// 3 000 streams, each (a raw handle, never destroyed) allocating and freeing 4 KiB once:
+// each new stream's miss takes the whole free segment the stream before it left, so one
+// segment serves them all; a steal skips the caches holding no segment without locking
+// them by their count of segments, which must stay right as segments move.
+TEST_CASE("pool: a new stream takes the free segment of an earlier one among thousands of caches")
+{
+  depot::detail::allocator_core a{std::make_unique<depot::device_upstream<depot::host>>(0),
+                                  quiet_config<depot::host>(), /*asynchronous=*/false};
+  for (std::uintptr_t k = 1; k <= 3000; ++k) {
+    const auto s = fake_stream(k << 12);
+    void* p = a.allocate(4 * KiB, s);
+    REQUIRE(p != nullptr);
+    a.deallocate(p, s, true, 0);
+    if (k % 500 == 0) {
+      CAPTURE(k);
+      CHECK(a.check_directory() == "");
+    }
+  }
+  const depot::memory_stats st = a.stats();
+  CHECK(st.num_segments.all.peak == 1);  // taken over 2 999 times, never grown again
+  CHECK(st.reserved_bytes.all.peak == static_cast<std::int64_t>(2 * MiB));
+  CHECK(st.num_cache_misses == 3000);
+  check_invariants(st, a.snapshot());
+}
+
 // A free that names no stream, of a block in neither the calling thread's last stream's
 // cache nor its last operation's, finds the block's cache through the directory of
 // segments by address (it tried every cache in turn): blocks of every kind made on 64

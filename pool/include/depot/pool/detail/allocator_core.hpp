@@ -47,8 +47,8 @@ class allocator_core {
   [[nodiscard]] allocator_snapshot snapshot() const;
   // For tests: whether the directory of segments by address (what a free that finds its
   // block in neither cache it tries first asks) lists every segment, with its range and
-  // the cache that holds it, and nothing else. Empty when it does, else the first
-  // difference. Takes every lock, as snapshot().
+  // the cache that holds it, and nothing else, and every cache's count of its segments is
+  // right. Empty when so, else the first difference. Takes every lock, as snapshot().
   [[nodiscard]] std::string check_directory() const;
   [[nodiscard]] std::vector<trace_event> trace() const;
   [[nodiscard]] std::string trace_json() const;
