@@ -674,10 +674,12 @@ class segment_directory {
     std::map<std::uintptr_t, entry> one;
     return one.extract(one.emplace(addr, entry{addr + bytes, owner}).first);
   }
+  // (A node: no allocation. Addresses are unique: remove() comes before the upstream may
+  // hand a segment's addresses out again.)
   void add(node_type&& n) noexcept
   {
     std::lock_guard g{mu_};
-    by_addr_.insert(std::move(n));  // (a node: no allocation; addresses are unique)
+    by_addr_.insert(std::move(n));
   }
   void remove(std::uintptr_t addr) noexcept
   {
@@ -2501,10 +2503,10 @@ struct allocator_core::impl {
     const std::size_t mapped = s->size - s->unmapped;
     c.delta->change_segments(s->small, mapped, -1);
     record(event_of(trace_kind::segment_free, s->addr, mapped, 0, c.stream));
+    directory.remove(s->addr);  // (before the upstream may hand the addresses out again)
     give_back(*s);
     if (c.growing == s) c.growing = nullptr;
     c.recycle(b);
-    directory.remove(s->addr);
     delete s;
   }
 
@@ -2908,8 +2910,8 @@ struct allocator_core::impl {
     c.remove_small(&s);
     c.delta->change_segments(true, k_small_segment, -1);
     record(event_of(trace_kind::segment_free, s.addr, k_small_segment, 0, c.stream));
+    directory.remove(s.addr);  // (before the upstream may hand the addresses out again)
     up->deallocate(reinterpret_cast<void*>(s.addr), k_small_segment);
-    directory.remove(s.addr);
     small_table.release(s);
   }
 
