@@ -58,6 +58,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <condition_variable>
 #include <mutex>
 #include <random>
 #include <set>
@@ -3696,18 +3697,11 @@ void check_same_stats(const depot::memory_stats& a, const depot::memory_stats& b
 
 namespace {
 
-// Fake device memory (never touched) whose segments start at any 512-byte offset from the
-// 2 MiB frames, a large segment's end and the next one's start often in one frame: a
-// seeded gap (wasted address space) goes before each segment.
-class scattered_upstream final : public depot::upstream_resource {
+// Fake device memory (never touched) from a simulated upstream; a test's upstream
+// derives from it and changes what it needs.
+class simulated_forwarder : public depot::upstream_resource {
  public:
-  explicit scattered_upstream(std::uint64_t seed) : rng_{seed} {}
-  void* allocate(std::size_t bytes) override
-  {
-    static constexpr std::size_t gaps[] = {512, 64 * KiB + 512, MiB + 1536, 2 * MiB - 512, 3 * MiB + 512};
-    (void)inner_.allocate(gaps[rng_() % std::size(gaps)]);
-    return inner_.allocate(bytes);
-  }
+  void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
   void deallocate(void* p, std::size_t bytes) noexcept override { inner_.deallocate(p, bytes); }
   depot::memory_info memory() override { return inner_.memory(); }
   depot::device_id device() const noexcept override { return inner_.device(); }
@@ -3719,9 +3713,71 @@ class scattered_upstream final : public depot::upstream_resource {
   void synchronize_device() override { inner_.synchronize_device(); }
   [[nodiscard]] std::size_t bad_frees() const { return inner_.current_usage().bad_frees; }
 
- private:
+ protected:
   depot::simulated_upstream inner_{std::size_t{1} << 40, {depot::device_kind::cuda, 0}, 512};
+};
+
+// Segments that start at any 512-byte offset from the 2 MiB frames, a large segment's end
+// and the next one's start often in one frame: a seeded gap (wasted address space) goes
+// before each segment.
+class scattered_upstream final : public simulated_forwarder {
+ public:
+  explicit scattered_upstream(std::uint64_t seed) : rng_{seed} {}
+  void* allocate(std::size_t bytes) override
+  {
+    static constexpr std::size_t gaps[] = {512, 64 * KiB + 512, MiB + 1536, 2 * MiB - 512, 3 * MiB + 512};
+    (void)inner_.allocate(gaps[rng_() % std::size(gaps)]);
+    return inner_.allocate(bytes);
+  }
+
+ private:
   std::mt19937_64 rng_;
+};
+
+// Once armed, the next segment given back is handed to the next allocation of its size on
+// another thread while the thread giving it back waits inside deallocate() until that
+// allocation has it: the interleaving where a freed segment's addresses come back at once.
+class handoff_upstream final : public simulated_forwarder {
+ public:
+  void arm() { armed_ = true; }
+  void* allocate(std::size_t bytes) override
+  {
+    {
+      std::lock_guard g{mu_};
+      if (held_ != nullptr && held_bytes_ == bytes) {
+        taken_ = true;
+        cv_.notify_all();
+        return std::exchange(held_, nullptr);
+      }
+    }
+    return inner_.allocate(bytes);
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override
+  {
+    if (!armed_.exchange(false)) {
+      inner_.deallocate(p, bytes);
+      return;
+    }
+    std::unique_lock g{mu_};
+    held_ = p;  // (still allocated in inner_: its next owner frees it there)
+    held_bytes_ = bytes;
+    cv_.notify_all();
+    cv_.wait(g, [this] { return taken_; });
+  }
+  // Waits until a segment is held for the taking.
+  void wait_held()
+  {
+    std::unique_lock g{mu_};
+    cv_.wait(g, [this] { return held_ != nullptr; });
+  }
+
+ private:
+  std::atomic<bool> armed_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  void* held_ = nullptr;
+  std::size_t held_bytes_ = 0;
+  bool taken_ = false;
 };
 
 }  // namespace
@@ -4303,6 +4359,42 @@ TEST_CASE("pool: a new stream takes the free segment of an earlier one among tho
   CHECK(st.reserved_bytes.all.peak == static_cast<std::int64_t>(2 * MiB));
   CHECK(st.num_cache_misses == 3000);
   check_invariants(st, a.snapshot());
+}
+
+// A segment given back to the upstream whose addresses come straight back as another
+// stream's new segment (the upstream hands them over while the releasing thread is still
+// inside its deallocate): the new segment must be listed in the directory of segments.
+// (Leaving the directory only after the memory went back, the release erased the new
+// segment's entry: its own was still there when the new one was added.)
+TEST_CASE("pool: a segment released while its addresses become another stream's new segment stays listed")
+{
+  for (const std::size_t bytes : {4 * KiB, 3 * MiB}) {  // a dense small segment, a large one
+    CAPTURE(bytes);
+    auto up = std::make_unique<handoff_upstream>();
+    handoff_upstream& handoff = *up;
+    depot::allocator_config cfg = quiet_config<depot::host>();
+    cfg.release_threshold = 0;  // a whole free segment goes back at once
+    depot::detail::allocator_core a{std::move(up), cfg, /*asynchronous=*/false};
+    const auto s1 = fake_stream(0x1000);
+    const auto s2 = fake_stream(0x2000);
+    void* first = nullptr;
+    // (on another thread: this one's last operation must not be on s1's cache, whose lock
+    // the releasing thread holds while it waits, since moving to another cache locks it)
+    std::thread{[&] { first = a.allocate(bytes, s1); }}.join();
+    handoff.arm();
+    std::thread releasing{[&] { a.deallocate(first, s1, true, 0); }};
+    handoff.wait_held();
+    void* second = a.allocate(bytes, s2);  // a new segment at the addresses just given back
+    releasing.join();
+    CHECK(a.check_directory() == "");
+    const depot::memory_stats st = a.stats();
+    CHECK(st.num_segments.all.current == 1);
+    check_invariants(st, a.snapshot());
+    a.deallocate(second, nullptr, false, 0);  // found through the directory (not in the thread's caches)
+    CHECK(a.check_directory() == "");
+    CHECK(a.stats().num_segments.all.current == 0);
+    CHECK(handoff.bad_frees() == 0);
+  }
 }
 
 // A free that names no stream, of a block in neither the calling thread's last stream's
