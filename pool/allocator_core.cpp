@@ -654,9 +654,9 @@ class segment_table {
 // naming none) asks here and locks that one cache, where it tried every cache in turn
 // (64 streams: ~1.3 us a free on the development VM). Thread safety: its own read-write
 // lock, a leaf (its holder takes no other lock). An entry's node is made before anything
-// of a new segment changes (node(), which may throw std::bad_alloc) and added once the
-// segment is in a cache (add(), no allocation); it is removed before the header is freed
-// or its slot reused. A header's `cache` changes (a move between caches, under both
+// of a new segment changes (spare(), which may throw std::bad_alloc) and filled and added
+// once the segment is in a cache (add(), no allocation); it is removed before the header
+// is freed or its slot reused. A header's `cache` changes (a move between caches, under both
 // caches' locks) by an atomic store and is read here by an atomic load, so a caller may be
 // told the cache a segment just left: it then finds no block there and looks the long way.
 class segment_directory {
@@ -667,17 +667,20 @@ class segment_directory {
   };
   using node_type = std::map<std::uintptr_t, entry>::node_type;
 
-  // A node for the segment at [addr, addr + bytes) whose header's cache is *owner; may
-  // throw std::bad_alloc. (add() takes it; dropped unused, it frees itself.)
-  static node_type node(std::uintptr_t addr, std::size_t bytes, stream_cache** owner)
+  // A node for an entry; may throw std::bad_alloc. (add() takes it; dropped unused, it
+  // frees itself.)
+  static node_type spare()
   {
     std::map<std::uintptr_t, entry> one;
-    return one.extract(one.emplace(addr, entry{addr + bytes, owner}).first);
+    return one.extract(one.emplace().first);
   }
-  // (A node: no allocation. Addresses are unique: remove() comes before the upstream may
-  // hand a segment's addresses out again.)
-  void add(node_type&& n) noexcept
+  // Lists the segment at [addr, addr + bytes), whose header's cache is *owner, in node n
+  // (spare()'s: no allocation). Addresses are unique: remove() comes before the upstream
+  // may hand a segment's addresses out again.
+  void add(node_type&& n, std::uintptr_t addr, std::size_t bytes, stream_cache** owner) noexcept
   {
+    n.key() = addr;
+    n.mapped() = {addr + bytes, owner};
     std::lock_guard g{mu_};
     by_addr_.insert(std::move(n));
   }
@@ -694,8 +697,7 @@ class segment_directory {
     auto it = by_addr_.upper_bound(p);
     if (it == by_addr_.begin()) return nullptr;
     --it;
-    if (p >= it->second.end) return nullptr;
-    return std::atomic_ref<stream_cache*>{*it->second.owner}.load(std::memory_order_relaxed);
+    return p < it->second.end ? owner(it->second) : nullptr;
   }
   // Whether the segment at addr is listed as [addr, end) with its header's cache c; and
   // how many are listed (check_directory).
@@ -703,8 +705,7 @@ class segment_directory {
   {
     std::shared_lock g{mu_};
     const auto it = by_addr_.find(addr);
-    return it != by_addr_.end() && it->second.end == end &&
-           std::atomic_ref<stream_cache*>{*it->second.owner}.load(std::memory_order_relaxed) == c;
+    return it != by_addr_.end() && it->second.end == end && owner(it->second) == c;
   }
   [[nodiscard]] std::size_t size() const noexcept
   {
@@ -721,6 +722,11 @@ class segment_directory {
   void fork_release(bool child) noexcept { release_after_fork(mu_, child); }
 
  private:
+  static stream_cache* owner(const entry& e) noexcept
+  {
+    return std::atomic_ref<stream_cache*>{*e.owner}.load(std::memory_order_relaxed);
+  }
+
   mutable std::shared_mutex mu_;  // (frees on several threads read it at once)
   std::map<std::uintptr_t, entry> by_addr_;
 };
@@ -3822,7 +3828,7 @@ struct allocator_core::impl {
     std::unique_ptr<segment> fresh;
     segment_directory::node_type listed;
     if (s == nullptr) {
-      listed = segment_directory::node(0, vm_span, nullptr);
+      listed = segment_directory::spare();
       fresh = std::make_unique<segment>();
       try {
         fresh->addr = reinterpret_cast<std::uintptr_t>(up->vm_reserve(vm_span));
@@ -3858,10 +3864,8 @@ struct allocator_core::impl {
       b->seg = s;
       s->head = s->last = b;
       s->size = need;
-      listed.key() = s->addr;
-      listed.mapped() = {s->addr + s->reserved, &s->cache};
       link_segment(c, fresh.release());
-      directory.add(std::move(listed));
+      directory.add(std::move(listed), s->addr, s->reserved, &s->cache);
       c.growing = s;
       index(c, b);
       record(event_of(trace_kind::segment_allocate, s->addr, need, 0, c.stream));
@@ -3973,7 +3977,7 @@ struct allocator_core::impl {
     cache_lock g{figures, c};
     block_ref out;
     try {
-      segment_directory::node_type listed = segment_directory::node(addr, seg_bytes, nullptr);
+      segment_directory::node_type listed = segment_directory::spare();
       if (dense(size)) {
         c.reserve_small();
         small_segment* seg = small_table.acquire(addr);
@@ -3990,7 +3994,7 @@ struct allocator_core::impl {
           throw;
         }
         c.add_small(seg);
-        listed.mapped().owner = &seg->cache;
+        directory.add(std::move(listed), addr, seg_bytes, &seg->cache);
         out = {nullptr, seg, 0};
       } else {
         auto seg = std::make_unique<segment>();
@@ -4005,11 +4009,11 @@ struct allocator_core::impl {
         b->small = small;
         seg->head = b;
         seg->last = b;
-        listed.mapped().owner = &seg->cache;
-        link_segment(c, seg.release());
+        segment* const made = seg.release();
+        link_segment(c, made);
+        directory.add(std::move(listed), addr, seg_bytes, &made->cache);
         out = {b, nullptr, 0};
       }
-      directory.add(std::move(listed));
     } catch (...) {
       up->deallocate(p, seg_bytes);
       throw;
