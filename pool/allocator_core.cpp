@@ -4867,6 +4867,47 @@ std::string allocator_core::check_directory() const
   return {};
 }
 
+std::string allocator_core::check_small_bits() const
+{
+  const impl& m = *impl_;
+  std::shared_lock r{m.registry_mu};
+  std::vector<std::unique_lock<cache_mutex>> locks;
+  m.lock_all(locks);
+  for (const auto& c : m.caches) {
+    for (const auto& [addr, s] : c->small_dir) {
+      const std::string where = "small segment " + format_address(addr) + ": ";
+      std::array<std::uint64_t, k_seg_units / 64> want{};
+      unsigned before = 0;  // the previous block's size in units (0: none)
+      for (unsigned u = 0; u < k_seg_units;) {
+        const unit_entry& e = s->units[u];
+        const unsigned n = e.size;
+        if (n == 0 || n > k_seg_units - u) {
+          return where + "the block at unit " + std::to_string(u) + " has " + std::to_string(n) + " units";
+        }
+        if (e.prev != before) {
+          return where + "the block at unit " + std::to_string(u) + " says the block before it has " +
+                 std::to_string(e.prev) + " units, not " + std::to_string(before);
+        }
+        if (s->free_at(u)) {
+          if (e.state != block_state::free) {
+            return where + "the block at unit " + std::to_string(u) + " is marked free but is not";
+          }
+          want[u >> 6] |= std::uint64_t{1} << (u & 63U);
+        }
+        before = n;
+        u += n;
+      }
+      for (std::size_t w = 0; w < want.size(); ++w) {
+        if (s->free_heads[w] != want[w]) {
+          return where + "the free bits of units " + std::to_string(w * 64) + ".." + std::to_string(w * 64 + 63) +
+                 " are out of step with its blocks";
+        }
+      }
+    }
+  }
+  return {};
+}
+
 allocator_snapshot allocator_core::snapshot() const
 {
   const impl& m = *impl_;

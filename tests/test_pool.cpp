@@ -3828,6 +3828,7 @@ TEST_CASE("pool: segments at any offset from the 2 MiB frames: every free finds 
     if (op % 50 == 0) {
       check_invariants(a.stats(), a.snapshot());
       CHECK(a.check_directory() == "");
+      CHECK(a.check_small_bits() == "");
     }
     if (op % 400 == 399) a.empty_cache();  // whole free segments go; new ones land elsewhere
   }
@@ -4403,6 +4404,111 @@ TEST_CASE("pool: a segment released while its addresses become another stream's 
 // streams, freed unnamed by another thread in a random order, each checked first; then a
 // double free and pointers into a block or beside the pool are refused, naming the
 // pointer and changing nothing. With and without expandable segments.
+// A free of a dense block (<= 64 KiB) merges with its free neighbours as the segment's
+// bitmap of free heads says (the previous block's head found by the distance back its
+// entry keeps): merges with blocks of 128 to 1 664 units, at the segment's first and last
+// unit, then a seeded fuzz checking the bitmap and the distances against the blocks after
+// every operation and the contents at every free.
+TEST_CASE_TEMPLATE("pool: dense blocks merge with free neighbours on either side, near and far", D,
+                   DEPOT_TEST_DEVICES)
+{
+  depot::detail::allocator_core a{std::make_unique<depot::device_upstream<D>>(0), quiet_config<D>(),
+                                  depot::is_gpu_v<D>};
+  depot::stream<D> s;
+  const depot::native_stream ns = s.native();
+  const auto free_block_at = [&](const void* p) -> std::size_t {  // its size if a free block starts at p, else 0
+    for (const auto& seg : a.snapshot().segments) {
+      for (const auto& b : seg.blocks) {
+        if (b.address == reinterpret_cast<std::uintptr_t>(p)) return b.state == depot::block_state::free ? b.size : 0;
+      }
+    }
+    return 0;
+  };
+  {
+    // 24 blocks of 64 KiB: the first 1.5 MiB of one fresh 2 MiB segment, in address order.
+    std::vector<unsigned char*> p;
+    for (int i = 0; i < 24; ++i) p.push_back(static_cast<unsigned char*>(a.allocate(64 * KiB, ns)));
+    for (int i = 1; i < 24; ++i) REQUIRE(p[i] == p[0] + i * 64 * KiB);
+    REQUIRE(a.stats().num_segments.all.current == 1);
+    CHECK(a.check_small_bits() == "");
+    for (int i = 2; i < 10; ++i) {  // each merges with the one before: 128, 256, ... units back
+      a.deallocate(p[i], ns, false, 0);
+      CHECK(a.check_small_bits() == "");
+    }
+    CHECK(free_block_at(p[2]) == 8 * 64 * KiB);
+    a.deallocate(p[10], ns, false, 0);  // the previous free block's head is 1 024 units back
+    CHECK(a.check_small_bits() == "");
+    CHECK(free_block_at(p[2]) == 9 * 64 * KiB);
+    CHECK(free_block_at(p[10]) == 0);
+    a.deallocate(p[12], ns, false, 0);
+    a.deallocate(p[11], ns, false, 0);  // both sides
+    CHECK(a.check_small_bits() == "");
+    CHECK(free_block_at(p[2]) == 11 * 64 * KiB);
+    a.deallocate(p[23], ns, false, 0);  // merges with the segment's free rest, which ends at its last unit
+    CHECK(free_block_at(p[23]) == 2 * MiB - 23 * 64 * KiB);
+    CHECK(a.check_small_bits() == "");
+    a.deallocate(p[0], ns, false, 0);  // unit 0: nothing before it
+    CHECK(free_block_at(p[0]) == 64 * KiB);
+    CHECK(a.check_small_bits() == "");
+    // The best fit of 64 KiB is the block at unit 0, of exactly that size (the merged
+    // blocks are larger).
+    void* q = a.allocate(64 * KiB - 100, ns);
+    CHECK(q == p[0]);
+    CHECK(a.check_small_bits() == "");
+    a.deallocate(q, ns, false, 0);
+    a.deallocate(p[1], ns, false, 0);  // joins [p0, p1) and [p2, p13): 13 blocks, 1 664 units
+    CHECK(free_block_at(p[0]) == 13 * 64 * KiB);
+    CHECK(a.check_small_bits() == "");
+    for (int i = 13; i < 23; ++i) a.deallocate(p[i], ns, false, 0);
+    CHECK(free_block_at(p[0]) == 2 * MiB);  // the whole segment again
+    CHECK(a.check_small_bits() == "");
+    depot::test::check_invariants(a.stats(), a.snapshot());
+  }
+  {
+    const auto seed = depot::test::seed("pool dense merges fuzz", 31);
+    std::mt19937_64 rng{seed};
+    struct live_block {
+      void* p;
+      std::size_t n;
+      unsigned char id;
+    };
+    std::vector<live_block> live;
+    std::size_t live_bytes = 0;
+    int bad = 0;
+    std::string first_error;
+    for (int op = 0; op < 6000; ++op) {
+      const bool grow = live.empty() || (live_bytes < 6 * MiB && rng() % 100 < 55);
+      if (grow) {
+        const std::size_t n = 1 + rng() % (rng() % 4 == 0 ? 4 * KiB : 64 * KiB);
+        const auto id = static_cast<unsigned char>(op * 13 + 1);
+        void* p = a.allocate(n, ns);
+        fill_bytes<D>(p, n, id, s);
+        live.push_back({p, n, id});
+        live_bytes += n;
+      } else {
+        const std::size_t k = rng() % live.size();
+        const live_block b = live[k];
+        s.synchronize();
+        if (!check_bytes<D>(b.p, b.n, b.id, rng)) ++bad;
+        a.deallocate(b.p, ns, false, 0);
+        live[k] = live.back();
+        live.pop_back();
+        live_bytes -= b.n;
+      }
+      if (std::string e = a.check_small_bits(); !e.empty() && first_error.empty()) first_error = "op " + std::to_string(op) + ": " + e;
+      if (op % 200 == 0) depot::test::check_invariants(a.stats(), a.snapshot());
+    }
+    CHECK(first_error == "");
+    CHECK(bad == 0);
+    s.synchronize();
+    for (const live_block& b : live) a.deallocate(b.p, ns, false, 0);
+    CHECK(a.check_small_bits() == "");
+    CHECK(a.stats().allocated_bytes.all.current == 0);
+    a.empty_cache();
+    CHECK(a.stats().reserved_bytes.all.current == 0);
+  }
+}
+
 TEST_CASE_TEMPLATE("pool: frees that name no stream find their block among 64 streams' caches", D, DEPOT_TEST_DEVICES)
 {
   for (const bool expandable : {false, true}) {

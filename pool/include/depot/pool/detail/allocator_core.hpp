@@ -50,6 +50,11 @@ class allocator_core {
   // the cache that holds it, and nothing else, and every cache's count of its segments is
   // right. Empty when so, else the first difference. Takes every lock, as snapshot().
   [[nodiscard]] std::string check_directory() const;
+  // For tests: whether every small segment's bitmap of free blocks (a bit at each free
+  // block's head, what a free asks to merge its neighbours) and its entries' distances
+  // back to the previous block agree with its blocks, walked by their sizes. Empty when
+  // so, else the first difference. Takes every lock, as snapshot().
+  [[nodiscard]] std::string check_small_bits() const;
   [[nodiscard]] std::vector<trace_event> trace() const;
   [[nodiscard]] std::string trace_json() const;
   [[nodiscard]] std::string summary() const;
