@@ -1516,6 +1516,9 @@ struct stream_cache {
       : stream{s}, mu{biased_lock}, small{t}, delta{std::make_unique<stat_delta>(stats_batch, mu)}
   {
   }
+  // Its stream: a pool's changes when a capture on another takes it up, a closed stream's
+  // empty cache's when a new stream takes it over (take_spare; under its lock and
+  // registry_mu's unique lock both).
   native_stream stream;
   // Its stream was closed (stream_registry) and nothing reopened it since (an allocation
   // here, or a free here on a live stream with the handle): what the cache holds was last
@@ -1584,6 +1587,11 @@ struct stream_cache {
   // by a steal, which skips a cache holding none without locking it: a new stream's miss
   // tried every cache's lock in turn, 23 ns each, ~0.5 ms at 20 000 streams' caches.
   std::atomic<std::uint32_t> held{0};
+  // On the allocator's list of caches a new stream may take over (impl::spares, under
+  // registry_mu): its stream was closed, or its capture pool released, since it was last
+  // taken from there. Whether it can be taken is decided then, under its lock (reusable).
+  stream_cache* next_spare = nullptr;
+  bool spare_listed = false;
 
   void recycle(block* b) noexcept
   {
@@ -1944,6 +1952,12 @@ struct allocator_core::impl {
   mutable std::shared_mutex registry_mu;
   std::unordered_map<native_stream, stream_cache*> by_stream;
   std::vector<std::unique_ptr<stream_cache>> caches;
+  // Caches whose streams were closed (or whose capture pools were released), oldest first,
+  // linked through next_spare (under registry_mu): a new stream takes one that holds nothing
+  // over (take_spare) instead of making a cache, so a code that makes and destroys streams
+  // keeps a bounded number of caches (each ~48 KB, and a steal looks through all of them).
+  stream_cache* spares = nullptr;
+  stream_cache* spares_tail = nullptr;
 
   // Graph capture pools (under registry_mu). While a pool captures, its cache is by_stream's
   // entry for the capturing stream (`displaced`: the entry it replaced, nullptr: none).
@@ -2193,23 +2207,94 @@ struct allocator_core::impl {
     }
     if (c == nullptr && !create) return nullptr;
     if (c == nullptr) {
-      // A new cache: each step that may throw std::bad_alloc comes before anything changes
-      // (an entry inserted first and left null by a failed allocation after it crashed the
-      // next allocation on the stream: tests/alloc_failure.cpp).
+      // A closed stream's empty cache taken over, else a new one: each step that may throw
+      // std::bad_alloc comes before anything changes, or is undone (an entry inserted first
+      // and left null by a failed allocation after it crashed the next allocation on the
+      // stream: tests/alloc_failure.cpp).
       std::unique_lock w{registry_mu};
       if (auto it = by_stream.find(s); it != by_stream.end()) {
         c = it->second;
       } else {
-        auto fresh = std::make_unique<stream_cache>(s, small_table, cfg.stats_batch, cfg.biased_locks);
-        caches.reserve(caches.size() + 1);
-        by_stream.emplace(s, fresh.get());
-        c = fresh.get();
-        caches.push_back(std::move(fresh));  // (reserved)
+        const auto placed = by_stream.try_emplace(s, nullptr).first;
+        try {
+          c = take_spare(s);
+          if (c == nullptr) {
+            auto fresh = std::make_unique<stream_cache>(s, small_table, cfg.stats_batch, cfg.biased_locks);
+            caches.reserve(caches.size() + 1);
+            c = fresh.get();
+            caches.push_back(std::move(fresh));  // (reserved)
+          }
+        } catch (...) {
+          by_stream.erase(placed);
+          throw;
+        }
+        placed->second = c;
       }
+      valid_for = route.load(std::memory_order_relaxed);  // (take_spare changes it)
     }
     thread_caches::to_front(tc.entries, tc.entries.size() - 1);
     tc.entries[0] = thread_caches::entry{valid_for, s, c};
     return c;
+  }
+
+  // c on the list of spares, last (caller holds registry_mu uniquely; c is on none).
+  void list_spare(stream_cache& c) noexcept
+  {
+    c.next_spare = nullptr;
+    c.spare_listed = true;
+    (spares_tail != nullptr ? spares_tail->next_spare : spares) = &c;
+    spares_tail = &c;
+  }
+  // Whether closed cache c (locked) can serve another stream as it is: it holds no memory,
+  // so nothing in it was last used on its stream, and no free waits in it for an event.
+  static bool reusable(const stream_cache& c) noexcept
+  {
+    return c.held.load(std::memory_order_relaxed) == 0 && c.segments == nullptr && c.small_dir.empty() &&
+           c.pending.empty() && c.deferred.empty() && c.in_place == 0 && c.listed.empty() && c.small_uses.empty();
+  }
+  // A spare cache that holds nothing, made stream s's (caller holds registry_mu uniquely and
+  // enters s in by_stream), or nullptr. Up to k_look of the oldest spares are looked at:
+  // one reopened since (its stream's handle used again) leaves the list until it closes
+  // again; one that still holds memory, or that a capture displaced, or whose lock is busy
+  // goes to the end. Taken: its old stream's entry goes, and the threads' remembered
+  // entries with it (route), so an operation on the old handle finds the registry's answer.
+  // An allocation that read a thread's entry before the route changed finds the cache's
+  // stream changed under its lock (allocate). Its fence goes unwaited: no memory of it
+  // remains, and steals and releases waited for it.
+  stream_cache* take_spare(native_stream s) noexcept
+  {
+    constexpr int k_look = 8;
+    for (int k = 0; k < k_look && spares != nullptr; ++k) {
+      stream_cache* c = spares;
+      spares = c->next_spare;
+      if (spares == nullptr) spares_tail = nullptr;
+      c->next_spare = nullptr;
+      c->spare_listed = false;
+      if (!c->mu.try_lock()) {
+        list_spare(*c);
+        continue;
+      }
+      if (!c->closed || c->capture_pool != 0) {  // reopened: listed again when it closes
+        c->mu.unlock();
+        continue;
+      }
+      const bool displaced =
+          std::any_of(pools.begin(), pools.end(), [c](const capture_state& p) { return p.displaced == c; });
+      if (displaced || !reusable(*c)) {
+        c->mu.unlock();
+        list_spare(*c);
+        continue;
+      }
+      if (const auto it = by_stream.find(c->stream); it != by_stream.end() && it->second == c) by_stream.erase(it);
+      c->stream = s;
+      if (c->fence != nullptr) up->destroy_event(std::exchange(c->fence, nullptr));
+      c->closed = false;
+      c->released.store(false, std::memory_order_relaxed);
+      c->mu.unlock();
+      route.store(next_allocator_id.fetch_add(1), std::memory_order_release);
+      return c;
+    }
+    return nullptr;
   }
 
   void record(const trace_event& e)
@@ -3205,10 +3290,14 @@ struct allocator_core::impl {
       if (it == by_stream.end()) return;
       c = it->second;  // (caches live as long as the allocator)
     }
-    cache_lock g{figures, *c};
-    if (c->closed) return;  // closed before, and nothing ran here since: its fence stands
-    c->fence = record_fence(s);  // (reopen() consumed any earlier one)
-    c->closed = true;
+    {
+      cache_lock g{figures, *c};
+      if (c->closed) return;  // closed before, and nothing ran here since: its fence stands
+      c->fence = record_fence(s);  // (reopen() consumed any earlier one)
+      c->closed = true;
+    }
+    std::unique_lock w{registry_mu};
+    if (!c->spare_listed && c->capture_pool == 0) list_spare(*c);
   }
 
   // An event at the last work of stream s, about to be destroyed (null where the backend is
@@ -3615,6 +3704,7 @@ struct allocator_core::impl {
     c.closed = true;  // (its fence: none, the device's work is done)
     // (a destroyed stream's work is done; a raw handle's ordering stays the caller's)
     c.released = stream_lives(c.stream);
+    if (!c.spare_listed) list_spare(c);
   }
 
   struct closing_watcher final : stream_registry::watcher {
@@ -4192,6 +4282,18 @@ struct allocator_core::impl {
                            "memory from elsewhere); nothing was changed");
   }
 
+  // allocate() found locked cache c serving another stream than s (taken over since the
+  // thread remembered it): given back, and s's cache from the registry locked instead.
+  [[gnu::noinline]] stream_cache* relock(stream_cache* c, native_stream s)
+  {
+    while (c->stream != s) {
+      c->mu.unlock();
+      c = find_cache(s, true);
+      lock_for_op(*c);
+    }
+    return c;
+  }
+
   stream_cache* hint_for(native_stream s, bool stream_given)
   {
     if (stream_given) return cache_ptr<false>(s);
@@ -4435,9 +4537,12 @@ void* allocator_core::allocate(std::size_t bytes, native_stream stream)
   }
   const std::size_t size = m.round_size(bytes);
   const bool small = size <= k_small_request;
-  stream_cache& c = m.cache_for(stream);
+  stream_cache* cp = &m.cache_for(stream);
+  m.lock_for_op(*cp);
+  // (a thread's remembered entry read as another stream took the cache over: take_spare)
+  if (cp->stream != stream) [[unlikely]] cp = m.relock(cp, stream);
+  stream_cache& c = *cp;
   block_ref b;
-  m.lock_for_op(c);
   {
     cache_lock g{m.figures, c, std::adopt_lock};
     if (c.closed) [[unlikely]] m.reopen(c);
@@ -4865,6 +4970,13 @@ std::string allocator_core::check_directory() const
     return std::to_string(n) + " segments listed, " + std::to_string(segments) + " held";
   }
   return {};
+}
+
+std::size_t allocator_core::stream_caches() const
+{
+  const impl& m = *impl_;
+  std::shared_lock r{m.registry_mu};
+  return m.caches.size();
 }
 
 std::string allocator_core::check_small_bits() const

@@ -46,6 +46,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <deque>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -4282,6 +4283,70 @@ TEST_CASE("pool: streams that come and go on four threads are ordered by events,
   a.empty_cache();
 }
 
+// After a test's last free: every figure agrees with the snapshot, the directory and the
+// dense segments' bitmaps agree with the blocks, nothing is allocated, and empty_cache()
+// returns every segment.
+void check_ends_empty(depot::detail::allocator_core& a)
+{
+  const depot::memory_stats st = a.stats();
+  check_invariants(st, a.snapshot());
+  CHECK(a.check_directory() == "");
+  CHECK(a.check_small_bits() == "");
+  CHECK(st.allocated_bytes.all.current == 0);
+  a.empty_cache();
+  CHECK(a.check_directory() == "");
+  CHECK(a.stats().num_segments.all.current == 0);
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+}
+
+// Blocks any thread made and any thread frees, naming no stream, each checked first: its
+// first, middle and last bytes hold its id (`bad` counts those that did not).
+struct shared_blocks {
+  struct live_block {
+    unsigned char* p;
+    std::size_t n;
+    unsigned char id;
+  };
+  depot::detail::allocator_core& a;
+  std::mutex mu;
+  std::vector<live_block> blocks;
+  std::atomic<int> bad{0};
+
+  // n bytes on stream s, filled with id.
+  void allocate(std::size_t n, depot::native_stream s, unsigned char id)
+  {
+    auto* p = static_cast<unsigned char*>(a.allocate(n, s));
+    std::memset(p, id, n);
+    const std::lock_guard g{mu};
+    blocks.push_back({p, n, id});
+  }
+  void free_checked(const live_block& b)
+  {
+    if (b.p[0] != b.id || b.p[b.n / 2] != b.id || b.p[b.n - 1] != b.id) bad.fetch_add(1);
+    a.deallocate(b.p, nullptr, false, 0);
+  }
+  // One block any thread made, picked by rng (none: false).
+  bool free_one(std::mt19937_64& rng)
+  {
+    live_block b{};
+    {
+      const std::lock_guard g{mu};
+      if (blocks.empty()) return false;
+      const std::size_t at = rng() % blocks.size();
+      b = blocks[at];
+      blocks[at] = blocks.back();
+      blocks.pop_back();
+    }
+    free_checked(b);
+    return true;
+  }
+  void free_all()
+  {
+    for (const live_block& b : blocks) free_checked(b);
+    blocks.clear();
+  }
+};
+
 // Four threads free each other's blocks, naming no stream, while their streams come and
 // go: the frees ask the directory of segments while other threads' misses move whole free
 // segments between caches (steals, under both caches' locks) and new segments are listed.
@@ -4292,49 +4357,188 @@ TEST_CASE("pool: threads free each other's blocks unnamed while streams come and
   auto ev = std::make_shared<manual_event_upstream::state>();
   depot::detail::allocator_core a = async_core(ev);
   const auto seed = depot::test::seed("pool unnamed frees across threads, streams come and go", 13);
-  struct live_block {
-    unsigned char* p;
-    std::size_t n;
-    unsigned char id;
-  };
-  std::mutex mu;
-  std::vector<live_block> shared;  // made by any thread, freed by any
-  std::atomic<int> bad{0};
-  const auto free_checked = [&](const live_block& b) {
-    if (b.p[0] != b.id || b.p[b.n / 2] != b.id || b.p[b.n - 1] != b.id) bad.fetch_add(1);
-    a.deallocate(b.p, nullptr, false, 0);
-  };
+  shared_blocks shared{a};
   streams_come_and_go(*ev, seed, [&](unsigned t, int i, depot::stream<depot::host>& s, std::mt19937_64& rng) {
     for (int k = 0; k < 4; ++k) {
       const std::size_t n = 1 + rng() % (k % 2 == 0 ? 64 * KiB : 3 * MiB);
-      auto* p = static_cast<unsigned char*>(a.allocate(n, s.native()));
-      const auto id = static_cast<unsigned char>(t * 64 + static_cast<unsigned>(i % 16) * 4 + static_cast<unsigned>(k));
-      std::memset(p, id, n);
-      const std::lock_guard g{mu};
-      shared.push_back({p, n, id});
+      shared.allocate(n, s.native(),
+                      static_cast<unsigned char>(t * 64 + static_cast<unsigned>(i % 16) * 4 + static_cast<unsigned>(k)));
     }
-    for (int k = 0; k < 4; ++k) {
-      live_block b{};
-      {
-        const std::lock_guard g{mu};
-        if (shared.empty()) break;
-        const std::size_t at = rng() % shared.size();
-        b = shared[at];
-        shared[at] = shared.back();
-        shared.pop_back();
-      }
-      free_checked(b);
+    for (int k = 0; k < 4 && shared.free_one(rng); ++k) {
     }
   });
-  for (const live_block& b : shared) free_checked(b);
-  CHECK(bad.load() == 0);
-  const depot::memory_stats st = a.stats();
-  check_invariants(st, a.snapshot());
-  CHECK(a.check_directory() == "");
-  CHECK(st.allocated_bytes.all.current == 0);
-  a.empty_cache();
-  CHECK(a.check_directory() == "");
-  CHECK(a.stats().num_segments.all.current == 0);
+  shared.free_all();
+  CHECK(shared.bad.load() == 0);
+  check_ends_empty(a);
+}
+
+// 2 000 streams made and destroyed one after another, each with its own handle (never
+// reused, as a backend may do), on an asynchronous backend: a destroyed stream's cache
+// that holds nothing is taken over by a later new stream, so the caches stay few (one per
+// stream ever used before: 48 KB each, and each looked through by every steal). A cache
+// still holding a block (live, or free in a segment nobody took yet) is not taken over:
+// the block keeps its stream and contents. No event is recorded on a destroyed handle, and
+// nothing synchronises the device.
+TEST_CASE("pool: destroyed streams' empty caches serve new streams, so 2 000 streams keep few caches")
+{
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a = async_core(ev);
+  const depot::device_id dev = ev->streams;
+  const auto seed = depot::test::seed("pool stream caches taken over", 23);
+  std::mt19937_64 rng{seed};
+  struct kept {
+    unsigned char* p;
+    std::size_t n;
+    unsigned char id;
+    std::uintptr_t stream;
+  };
+  std::vector<kept> held;  // blocks that outlive their stream, freed later
+  int bad = 0;
+  const auto check_and_free = [&](const kept& b, bool named, depot::native_stream on) {
+    if (b.p[0] != b.id || b.p[b.n / 2] != b.id || b.p[b.n - 1] != b.id) ++bad;
+    a.deallocate(b.p, on, named, 0);
+  };
+  const std::size_t max_sizes[] = {4 * KiB, 64 * KiB, MiB, 8 * MiB};
+  std::size_t most = 0;
+  for (std::uintptr_t i = 1; i <= 2000; ++i) {
+    const auto s = fake_stream(0x100000 + (i << 12));
+    depot::stream_registry::opened(dev, s);
+    std::vector<kept> mine;
+    for (int k = 0; k < 3; ++k) {
+      const std::size_t n = 1 + rng() % max_sizes[(i + static_cast<unsigned>(k)) % 4];
+      auto* p = static_cast<unsigned char*>(a.allocate(n, s));
+      const auto id = static_cast<unsigned char>(i * 3 + static_cast<unsigned>(k));
+      std::memset(p, id, n);
+      mine.push_back({p, n, id, reinterpret_cast<std::uintptr_t>(s)});
+    }
+    if (i % 50 == 0) {  // one block outlives the stream
+      held.push_back(mine.back());
+      mine.pop_back();
+    }
+    for (const kept& b : mine) check_and_free(b, true, s);
+    depot::stream_registry::closing(dev, s);  // (records a fence on s)
+    {
+      const std::lock_guard g{ev->mu};
+      ev->dead.insert(reinterpret_cast<std::uintptr_t>(s));
+      if (i % 8 == 0) ev->open.clear();  // the fences recorded so far complete
+    }
+    if (i % 100 == 0) {
+      // The blocks that outlived their streams (two, 50 streams apart): each one's segment
+      // is still its dead stream's cache's, never another's (that cache was not taken over
+      // while it held the block).
+      const auto segments = a.snapshot().segments;
+      for (const kept& b : held) {
+        for (const auto& seg : segments) {
+          if (b.p >= reinterpret_cast<unsigned char*>(seg.address) &&
+              b.p < reinterpret_cast<unsigned char*>(seg.address) + seg.size) {
+            CHECK(seg.stream == b.stream);
+          }
+        }
+        check_and_free(b, false, nullptr);  // unnamed: found through the directory
+      }
+      held.clear();
+      check_invariants(a.stats(), a.snapshot());
+      CHECK(a.check_directory() == "");
+    }
+    if (i % 500 == 0) a.empty_cache();
+    most = std::max(most, a.stream_caches());
+  }
+  MESSAGE("seed " << seed << ": most stream caches at once " << most << ", at the end " << a.stream_caches()
+                  << " (2 000 streams), events recorded " << ev->recorded);
+  CHECK(bad == 0);
+  CHECK(most <= 16);  // each stream made a cache before: 2 000
+  CHECK(ev->dead_records == 0);
+  CHECK(ev->syncs == 0);
+  // Not stranded: the free memory of the dead streams' caches served the new ones.
+  CHECK(a.stats().reserved_bytes.all.peak <= static_cast<std::int64_t>(64 * MiB));
+  check_ends_empty(a);
+}
+
+// Four threads each making and destroying 300 streams with handles of their own (never
+// reused), each stream allocating blocks that any thread may free, unnamed: new streams
+// take over the empty caches of streams other threads destroyed while those threads' frees
+// look for blocks through the directory and their misses take whole free segments over
+// (the thread-sanitizer build runs this). Every block keeps its contents, the caches stay
+// few, no event goes to a destroyed handle and nothing synchronises the device.
+TEST_CASE("pool: streams that come and go on four threads with handles of their own take over empty caches")
+{
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a = async_core(ev);
+  const depot::device_id dev = ev->streams;
+  const auto seed = depot::test::seed("pool stream caches taken over, 4 threads", 37);
+  shared_blocks shared{a};
+  std::atomic<std::size_t> most{0};
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng{seed + t};
+      for (std::uintptr_t i = 1; i <= 300; ++i) {
+        const auto s = fake_stream(0x40000000 + ((i * 4 + t) << 12));
+        depot::stream_registry::opened(dev, s);
+        for (int k = 0; k < 3; ++k) {
+          const std::size_t n = 1 + rng() % (k == 2 ? 3 * MiB : 64 * KiB);
+          shared.allocate(n, s, static_cast<unsigned char>(t * 64 + (i % 16) * 4 + static_cast<unsigned>(k)));
+        }
+        for (int k = 0; k < 3 && shared.free_one(rng); ++k) {
+        }
+        depot::stream_registry::closing(dev, s);
+        {
+          const std::lock_guard g{ev->mu};
+          ev->dead.insert(reinterpret_cast<std::uintptr_t>(s));
+          if (i % 8 == 0) ev->open.clear();
+        }
+        std::size_t seen = most.load();
+        const std::size_t now = a.stream_caches();
+        while (now > seen && !most.compare_exchange_weak(seen, now)) {
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  shared.free_all();
+  MESSAGE("seed " << seed << ": most stream caches at once " << most.load() << " (1 200 streams, 4 threads)");
+  CHECK(shared.bad.load() == 0);
+  CHECK(most.load() <= 64);  // each stream made a cache before: 1 200
+  CHECK(ev->dead_records == 0);
+  CHECK(ev->syncs == 0);
+  check_ends_empty(a);
+}
+
+// The same on every device, with its own streams (depot::stream, whose handles the backend
+// may reuse): three streams live at a time, each allocating and freeing blocks of up to
+// 8 MiB, one in 25 keeping a block past its destruction. The caches stay few, and every
+// figure and the directory stay right.
+TEST_CASE_TEMPLATE("pool: streams that come and go keep few caches", D, DEPOT_TEST_DEVICES)
+{
+  depot::detail::allocator_core a{std::make_unique<depot::device_upstream<D>>(0), quiet_config<D>(),
+                                  depot::is_gpu_v<D>};
+  const auto seed = depot::test::seed("pool streams come and go, few caches", 29);
+  std::mt19937_64 rng{seed};
+  std::deque<depot::stream<D>> window;
+  std::vector<void*> held;
+  std::size_t most = 0;
+  for (int i = 0; i < 600; ++i) {
+    window.emplace_back();
+    const depot::native_stream s = window.back().native();
+    std::vector<void*> mine;
+    for (int k = 0; k < 3; ++k) mine.push_back(a.allocate(1 + rng() % (k == 2 ? 8 * MiB : 64 * KiB), s));
+    if (i % 25 == 0) {
+      held.push_back(mine.back());
+      mine.pop_back();
+    }
+    for (void* p : mine) a.deallocate(p, s, true, 0);
+    if (window.size() > 3) window.pop_front();
+    if (held.size() > 4) {
+      a.deallocate(held.front(), nullptr, false, 0);
+      held.erase(held.begin());
+    }
+    most = std::max(most, a.stream_caches());
+  }
+  window.clear();
+  for (void* p : held) a.deallocate(p, nullptr, false, 0);
+  MESSAGE("seed " << seed << ": most stream caches at once " << most << " (600 streams)");
+  CHECK(most <= 24);
+  check_ends_empty(a);
 }
 
 // 3 000 streams, each (a raw handle, never destroyed) allocating and freeing 4 KiB once:

@@ -55,6 +55,9 @@ class allocator_core {
   // back to the previous block agree with its blocks, walked by their sizes. Empty when
   // so, else the first difference. Takes every lock, as snapshot().
   [[nodiscard]] std::string check_small_bits() const;
+  // For tests: how many stream caches this allocator has made (streams' and capture
+  // pools'); a closed stream's empty cache is taken over by a new stream, not made anew.
+  [[nodiscard]] std::size_t stream_caches() const;
   [[nodiscard]] std::vector<trace_event> trace() const;
   [[nodiscard]] std::string trace_json() const;
   [[nodiscard]] std::string summary() const;
