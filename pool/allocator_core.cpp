@@ -1587,11 +1587,11 @@ struct stream_cache {
   // by a steal, which skips a cache holding none without locking it: a new stream's miss
   // tried every cache's lock in turn, 23 ns each, ~0.5 ms at 20 000 streams' caches.
   std::atomic<std::uint32_t> held{0};
-  // On the allocator's list of caches a new stream may take over (impl::spares, under
-  // registry_mu): its stream was closed, or its capture pool released, since it was last
-  // taken from there. Whether it can be taken is decided then, under its lock (reusable).
+  // The next on the allocator's list of caches a new stream may take over (impl::spares,
+  // under registry_mu): its stream was closed, or its capture pool released, since it was
+  // last taken from there. Whether it can be taken is decided then, under its lock
+  // (reusable). On the list: this set, or the list's last (impl::on_spare_list).
   stream_cache* next_spare = nullptr;
-  bool spare_listed = false;
 
   void recycle(block* b) noexcept
   {
@@ -2237,11 +2237,12 @@ struct allocator_core::impl {
     return c;
   }
 
+  // Whether c is on the list of spares (caller holds registry_mu).
+  bool on_spare_list(const stream_cache& c) const noexcept { return c.next_spare != nullptr || spares_tail == &c; }
   // c on the list of spares, last (caller holds registry_mu uniquely; c is on none).
   void list_spare(stream_cache& c) noexcept
   {
     c.next_spare = nullptr;
-    c.spare_listed = true;
     (spares_tail != nullptr ? spares_tail->next_spare : spares) = &c;
     spares_tail = &c;
   }
@@ -2269,7 +2270,6 @@ struct allocator_core::impl {
       spares = c->next_spare;
       if (spares == nullptr) spares_tail = nullptr;
       c->next_spare = nullptr;
-      c->spare_listed = false;
       if (!c->mu.try_lock()) {
         list_spare(*c);
         continue;
@@ -3297,7 +3297,7 @@ struct allocator_core::impl {
       c->closed = true;
     }
     std::unique_lock w{registry_mu};
-    if (!c->spare_listed && c->capture_pool == 0) list_spare(*c);
+    if (!on_spare_list(*c) && c->capture_pool == 0) list_spare(*c);
   }
 
   // An event at the last work of stream s, about to be destroyed (null where the backend is
@@ -3704,7 +3704,7 @@ struct allocator_core::impl {
     c.closed = true;  // (its fence: none, the device's work is done)
     // (a destroyed stream's work is done; a raw handle's ordering stays the caller's)
     c.released = stream_lives(c.stream);
-    if (!c.spare_listed) list_spare(c);
+    if (!on_spare_list(c)) list_spare(c);
   }
 
   struct closing_watcher final : stream_registry::watcher {

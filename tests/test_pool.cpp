@@ -4219,6 +4219,23 @@ TEST_CASE_TEMPLATE("pool: device_upstream records kept events again", D, DEPOT_T
   up.destroy_event(nullptr);  // nothing
 }
 
+// Whether a block of n bytes filled with id still holds it (first, middle and last byte).
+bool holds_id(const unsigned char* p, std::size_t n, unsigned char id)
+{
+  return p[0] == id && p[n / 2] == id && p[n - 1] == id;
+}
+
+// Raw handle s (registered with stream_registry) closes as a destroyed stream's would, then
+// counts as destroyed for ev (an event recorded on it later is in dead_records); with
+// fences_complete, every event recorded so far completes.
+void close_raw_stream(manual_event_upstream::state& ev, depot::native_stream s, bool fences_complete)
+{
+  depot::stream_registry::closing(ev.streams, s);  // (records a fence on s)
+  const std::lock_guard g{ev.mu};
+  ev.dead.insert(reinterpret_cast<std::uintptr_t>(s));
+  if (fences_complete) ev.open.clear();
+}
+
 // Four threads, each 60 times making a stream, calling body(t, i, stream, rng) with it
 // and destroying it (rng: the thread's own, seeded seed + t); every 8th time the fences
 // recorded so far complete.
@@ -4265,7 +4282,7 @@ TEST_CASE("pool: streams that come and go on four threads are ordered by events,
     for (std::size_t k = 0; k < live.size(); ++k) {
       const auto [p, n] = live[k];
       const auto id = static_cast<unsigned char>(t * 64 + k);
-      if (p[0] != id || p[n / 2] != id || p[n - 1] != id) bad.fetch_add(1);
+      if (!holds_id(p, n, id)) bad.fetch_add(1);
       a.deallocate(p, s.native(), true, 0);
     }
   });
@@ -4307,6 +4324,7 @@ struct shared_blocks {
     std::size_t n;
     unsigned char id;
   };
+  explicit shared_blocks(depot::detail::allocator_core& core) : a{core} {}
   depot::detail::allocator_core& a;
   std::mutex mu;
   std::vector<live_block> blocks;
@@ -4322,7 +4340,7 @@ struct shared_blocks {
   }
   void free_checked(const live_block& b)
   {
-    if (b.p[0] != b.id || b.p[b.n / 2] != b.id || b.p[b.n - 1] != b.id) bad.fetch_add(1);
+    if (!holds_id(b.p, b.n, b.id)) bad.fetch_add(1);
     a.deallocate(b.p, nullptr, false, 0);
   }
   // One block any thread made, picked by rng (none: false).
@@ -4395,7 +4413,7 @@ TEST_CASE("pool: destroyed streams' empty caches serve new streams, so 2 000 str
   std::vector<kept> held;  // blocks that outlive their stream, freed later
   int bad = 0;
   const auto check_and_free = [&](const kept& b, bool named, depot::native_stream on) {
-    if (b.p[0] != b.id || b.p[b.n / 2] != b.id || b.p[b.n - 1] != b.id) ++bad;
+    if (!holds_id(b.p, b.n, b.id)) ++bad;
     a.deallocate(b.p, on, named, 0);
   };
   const std::size_t max_sizes[] = {4 * KiB, 64 * KiB, MiB, 8 * MiB};
@@ -4416,12 +4434,7 @@ TEST_CASE("pool: destroyed streams' empty caches serve new streams, so 2 000 str
       mine.pop_back();
     }
     for (const kept& b : mine) check_and_free(b, true, s);
-    depot::stream_registry::closing(dev, s);  // (records a fence on s)
-    {
-      const std::lock_guard g{ev->mu};
-      ev->dead.insert(reinterpret_cast<std::uintptr_t>(s));
-      if (i % 8 == 0) ev->open.clear();  // the fences recorded so far complete
-    }
+    close_raw_stream(*ev, s, i % 8 == 0);
     if (i % 100 == 0) {
       // The blocks that outlived their streams (two, 50 streams apart): each one's segment
       // is still its dead stream's cache's, never another's (that cache was not taken over
@@ -4481,12 +4494,7 @@ TEST_CASE("pool: streams that come and go on four threads with handles of their 
         }
         for (int k = 0; k < 3 && shared.free_one(rng); ++k) {
         }
-        depot::stream_registry::closing(dev, s);
-        {
-          const std::lock_guard g{ev->mu};
-          ev->dead.insert(reinterpret_cast<std::uintptr_t>(s));
-          if (i % 8 == 0) ev->open.clear();
-        }
+        close_raw_stream(*ev, s, i % 8 == 0);
         std::size_t seen = most.load();
         const std::size_t now = a.stream_caches();
         while (now > seen && !most.compare_exchange_weak(seen, now)) {
