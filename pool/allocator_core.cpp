@@ -1517,8 +1517,8 @@ struct stream_cache {
   {
   }
   // Its stream: a pool's changes when a capture on another takes it up, a closed stream's
-  // empty cache's when a new stream takes it over (take_spare; under its lock and
-  // registry_mu's unique lock both).
+  // cache's when a new stream takes it over, none of its blocks in use (take_spare; under
+  // its lock and registry_mu's unique lock both).
   native_stream stream;
   // Its stream was closed (stream_registry) and nothing reopened it since (an allocation
   // here, or a free here on a live stream with the handle): what the cache holds was last
@@ -1943,6 +1943,8 @@ struct allocator_core::impl {
   // a new number of the same sequence whenever a stream's cache changes (a graph capture
   // begins or ends; written under registry_mu), so no thread keeps a stale entry.
   std::atomic<std::uint64_t> route{id};
+  // A stream's cache changed (under registry_mu's unique lock): every thread's entries go.
+  void new_route() noexcept { route.store(next_allocator_id.fetch_add(1), std::memory_order_release); }
   std::size_t limit = k_unlimited;
   std::size_t vm_page = 0;  // expandable segments: the page they map (0: they are off)
   std::size_t vm_span = 0;  // and the addresses each reserves
@@ -1953,9 +1955,10 @@ struct allocator_core::impl {
   std::unordered_map<native_stream, stream_cache*> by_stream;
   std::vector<std::unique_ptr<stream_cache>> caches;
   // Caches whose streams were closed (or whose capture pools were released), oldest first,
-  // linked through next_spare (under registry_mu): a new stream takes one that holds nothing
-  // over (take_spare) instead of making a cache, so a code that makes and destroys streams
-  // keeps a bounded number of caches (each ~48 KB, and a steal looks through all of them).
+  // linked through next_spare (under registry_mu): a new stream takes one with no block in
+  // use over, free segments and all (take_spare), instead of making a cache, so a code that
+  // makes and destroys streams keeps a bounded number of caches (each ~48 KB, and a steal
+  // looks through all of them) and finds its free memory without a miss.
   stream_cache* spares = nullptr;
   stream_cache* spares_tail = nullptr;
 
@@ -2207,10 +2210,10 @@ struct allocator_core::impl {
     }
     if (c == nullptr && !create) return nullptr;
     if (c == nullptr) {
-      // A closed stream's empty cache taken over, else a new one: each step that may throw
-      // std::bad_alloc comes before anything changes, or is undone (an entry inserted first
-      // and left null by a failed allocation after it crashed the next allocation on the
-      // stream: tests/alloc_failure.cpp).
+      // A closed stream's cache with no block in use taken over, else a new one: each step
+      // that may throw std::bad_alloc comes before anything changes, or is undone (an entry
+      // inserted first and left null by a failed allocation after it crashed the next
+      // allocation on the stream: tests/alloc_failure.cpp).
       std::unique_lock w{registry_mu};
       if (auto it = by_stream.find(s); it != by_stream.end()) {
         c = it->second;
@@ -2246,22 +2249,33 @@ struct allocator_core::impl {
     (spares_tail != nullptr ? spares_tail->next_spare : spares) = &c;
     spares_tail = &c;
   }
-  // Whether closed cache c (locked) can serve another stream as it is: it holds no memory,
-  // so nothing in it was last used on its stream, and no free waits in it for an event.
+  // Whether closed cache c (locked) can serve another stream as it is: none of its blocks
+  // is allocated or waits for an event, so every segment it holds is whole free, last used
+  // on its old stream before its fence. (A free block is merged with its free neighbours:
+  // a segment with no live block is one free block.)
   static bool reusable(const stream_cache& c) noexcept
   {
-    return c.held.load(std::memory_order_relaxed) == 0 && c.segments == nullptr && c.small_dir.empty() &&
-           c.pending.empty() && c.deferred.empty() && c.in_place == 0 && c.listed.empty() && c.small_uses.empty();
+    if (!c.pending.empty() || !c.deferred.empty() || c.in_place != 0 || !c.listed.empty() || !c.small_uses.empty()) {
+      return false;
+    }
+    for (const segment* s = c.segments; s != nullptr; s = s->lnext) {
+      if (!s->head->whole() || s->head->state != block_state::free) return false;
+    }
+    return std::all_of(c.small_dir.begin(), c.small_dir.end(), [](const auto& d) { return d.second->whole_free(); });
   }
-  // A spare cache that holds nothing, made stream s's (caller holds registry_mu uniquely and
-  // enters s in by_stream), or nullptr. Up to k_look of the oldest spares are looked at:
+  // A spare cache with no block in use, made stream s's (caller holds registry_mu uniquely
+  // and enters s in by_stream), or nullptr. Up to k_look of the oldest spares are looked at:
   // one reopened since (its stream's handle used again) leaves the list until it closes
-  // again; one that still holds memory, or that a capture displaced, or whose lock is busy
-  // goes to the end. Taken: its old stream's entry goes, and the threads' remembered
-  // entries with it (route), so an operation on the old handle finds the registry's answer.
-  // An allocation that read a thread's entry before the route changed finds the cache's
-  // stream changed under its lock (allocate). Its fence goes unwaited: no memory of it
-  // remains, and steals and releases waited for it.
+  // again; one with a block allocated or waiting, or that a capture displaced, or whose lock
+  // is busy goes to the end. Taken: its old stream's entry goes, and the threads'
+  // remembered entries with it (new_route), so an operation on the old handle finds the
+  // registry's answer. An allocation that read a thread's entry before the route changed
+  // finds the cache's stream changed under its lock (allocate). Free segments come along
+  // (a stream per phase of a code finds the last phase's memory where it left it, in place
+  // of a miss and a steal per kind): the cache stays closed with its fence, so the first
+  // allocation on s waits for the old stream's last work on s (reopen), as a stream given
+  // the closed one's handle does. Holding nothing, it opens at once and its fence goes
+  // unwaited (steals and releases waited for it).
   stream_cache* take_spare(native_stream s) noexcept
   {
     constexpr int k_look = 8;
@@ -2287,11 +2301,13 @@ struct allocator_core::impl {
       }
       if (const auto it = by_stream.find(c->stream); it != by_stream.end() && it->second == c) by_stream.erase(it);
       c->stream = s;
-      if (c->fence != nullptr) up->destroy_event(std::exchange(c->fence, nullptr));
-      c->closed = false;
-      c->released.store(false, std::memory_order_relaxed);
+      if (c->held.load(std::memory_order_relaxed) == 0) {
+        if (c->fence != nullptr) up->destroy_event(std::exchange(c->fence, nullptr));
+        c->closed = false;
+      }
+      c->released.store(false, std::memory_order_relaxed);  // (no block of it is allocated)
       c->mu.unlock();
-      route.store(next_allocator_id.fetch_add(1), std::memory_order_release);
+      new_route();
       return c;
     }
     return nullptr;
@@ -3292,9 +3308,12 @@ struct allocator_core::impl {
     }
     {
       cache_lock g{figures, *c};
-      if (c->closed) return;  // closed before, and nothing ran here since: its fence stands
-      c->fence = record_fence(s);  // (reopen() consumed any earlier one)
-      c->closed = true;
+      // Closed already: nothing ran here since, its fence stands (a handle closed twice, or
+      // a cache taken over with its memory by s, which never allocated from it).
+      if (!c->closed) {
+        c->fence = record_fence(s);  // (reopen() consumed any earlier one)
+        c->closed = true;
+      }
     }
     std::unique_lock w{registry_mu};
     if (!on_spare_list(*c) && c->capture_pool == 0) list_spare(*c);
@@ -4792,7 +4811,7 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
     st->capturing = true;
     st->stream = stream;
     m.captures().fetch_add(1);
-    m.route.store(next_allocator_id.fetch_add(1), std::memory_order_release);
+    m.new_route();
     id = st->pool;
   }
   // Operations begun before, in any allocator of the backend, may be querying events or
@@ -4823,7 +4842,7 @@ void allocator_core::end_capture(native_stream stream)
     st->capturing = false;
     st->stream = nullptr;
     st->displaced = nullptr;
-    m.route.store(next_allocator_id.fetch_add(1), std::memory_order_release);
+    m.new_route();
     last = m.captures().fetch_sub(1) == 1;
   }
   // Every allocator of the backend may hold frees deferred, or pools released, meanwhile.

@@ -2044,6 +2044,7 @@ class manual_event_upstream final : public depot::upstream_resource {
     std::uintptr_t waited_event = 0;
     bool fail_events = false;
     bool fail_allocations = false;  // allocate() throws depot::out_of_memory
+    bool fail_waits = false;        // stream_wait() and synchronize_device() throw depot::error
     // A graph capture under way (set by the test): every query, wait, synchronisation or
     // upstream free is counted in `forbidden` (CUDA's global capture mode forbids them), and
     // every event recorded in `captured_records`.
@@ -2107,6 +2108,7 @@ class manual_event_upstream final : public depot::upstream_resource {
   void stream_wait(depot::native_stream s, depot::native_event e) override
   {
     const std::lock_guard g{s_->mu};
+    if (s_->fail_waits) throw depot::error("test: wait refused", "stream_wait", __FILE__, __LINE__, 1, "test");
     ++s_->stream_waits;
     s_->waiting_stream = reinterpret_cast<std::uintptr_t>(s);
     s_->waited_event = id(e);
@@ -2119,6 +2121,7 @@ class manual_event_upstream final : public depot::upstream_resource {
   void synchronize_device() override
   {
     const std::lock_guard g{s_->mu};
+    if (s_->fail_waits) throw depot::error("test: synchronisation refused", "synchronize_device", __FILE__, __LINE__, 1, "test");
     s_->forbidden += s_->capture ? 1 : 0;
     ++s_->syncs;
     s_->open.clear();
@@ -5036,6 +5039,9 @@ TEST_CASE("pool: steals and reused handles are ordered by events where the strea
     a->deallocate(y, thief.native(), true, 0);
   }
   SUBCASE("a destroyed stream: its fence, waited for while open, dropped once complete") {
+    // The thief has a cache of its own first (else it would take the destroyed stream's
+    // cache over: the next test case), so its miss takes the segments over.
+    a->deallocate(a->allocate(512, thief.native()), thief.native(), true, 0);
     void* x = nullptr;
     void* x2 = nullptr;
     {
@@ -5181,6 +5187,141 @@ TEST_CASE("pool: steals and reused handles are ordered by events where the strea
 // late fill would overwrite the thief's. Each way a block can change streams: a steal from
 // a live stream (steal_threshold 0), a steal from a destroyed one, and a new stream (maybe
 // with the old handle).
+// A code that makes a stream per phase: the next phase's stream (a handle of its own) takes
+// the destroyed stream's cache over with its free segments of every kind, so its
+// allocations are cache hits, not a miss and a steal per kind, and no cache is made; its
+// first allocation waits for the old stream's fence on the new stream (never the device's
+// work, never an event on the dead handle). An allocation that fails while it opens the
+// cache (the wait refused) leaves the cache closed with its fence: when that stream is
+// destroyed too, the cache is a spare again and the next stream waits for the same fence.
+TEST_CASE("pool: a new stream takes a destroyed stream's cache over with its free memory, after its fence")
+{
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a = async_core(ev);
+  const depot::device_id dev = ev->streams;
+  const auto addr = [](auto p) { return reinterpret_cast<std::uintptr_t>(p); };
+  // dense small (60 KiB), linked small (700 KiB) and large (8 MiB) blocks
+  const std::vector<std::size_t> sizes = {60 * KiB, 60 * KiB, 60 * KiB, 60 * KiB, 60 * KiB, 60 * KiB,
+                                          700 * KiB, 700 * KiB, 700 * KiB, 8 * MiB, 8 * MiB};
+  const auto phase = [&](depot::native_stream s, unsigned char id) {
+    std::vector<void*> mine;
+    for (std::size_t n : sizes) {
+      auto* p = static_cast<unsigned char*>(a.allocate(n, s));
+      std::memset(p, id, n);
+      mine.push_back(p);
+    }
+    int bad = 0;
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      if (!holds_id(static_cast<unsigned char*>(mine[k]), sizes[k], id)) ++bad;
+      a.deallocate(mine[k], s, true, 0);
+    }
+    return bad;
+  };
+  const auto on_stream = [&](depot::native_stream s) {
+    std::size_t n = 0;
+    const auto segments = a.snapshot().segments;
+    for (const auto& seg : segments) n += seg.stream == addr(s) ? 1 : 0;
+    return std::pair{n, segments.size()};
+  };
+  const auto h1 = fake_stream(0x7100000);
+  depot::stream_registry::opened(dev, h1);
+  CHECK(phase(h1, 1) == 0);
+  const depot::memory_stats before = a.stats();
+  REQUIRE(before.num_cache_misses >= 3);  // one kind each at least
+  close_raw_stream(*ev, h1, false);
+  REQUIRE(ev->recorded == 1);
+  const std::uintptr_t fence = ev->next;
+
+  const auto h2 = fake_stream(0x7200000);
+  depot::stream_registry::opened(dev, h2);
+  SUBCASE("taken over at the first allocation") {
+    CHECK(phase(h2, 2) == 0);
+    const depot::memory_stats after = a.stats();
+    CHECK(after.num_cache_misses == before.num_cache_misses);  // every allocation a cache hit
+    CHECK(after.num_cache_hits == before.num_cache_hits + static_cast<std::int64_t>(sizes.size()));
+    CHECK(after.reserved_bytes.all.current == before.reserved_bytes.all.current);
+    CHECK(after.num_segments.all.current == before.num_segments.all.current);
+    CHECK(a.stream_caches() == 1);
+    const auto [mine, all] = on_stream(h2);
+    CHECK(mine == all);  // every segment came along
+    CHECK(ev->stream_waits == 1);  // the fence, waited for on the new stream, once
+    CHECK(ev->waiting_stream == addr(h2));
+    CHECK(ev->waited_event == fence);
+    CHECK(ev->open.count(fence) == 0);  // consumed
+    CHECK(ev->recorded == 1);           // no event on either stream
+    CHECK(ev->syncs == 0);
+    CHECK(ev->dead_records == 0);
+    check_invariants(after, a.snapshot());
+    CHECK(a.check_directory() == "");
+  }
+  SUBCASE("an allocation that fails as it opens the cache, then its stream destroyed too") {
+    ev->fail_waits = true;
+    CHECK_THROWS_AS((void)a.allocate(8 * MiB, h2), depot::error);
+    ev->fail_waits = false;
+    CHECK(a.stream_caches() == 1);
+    CHECK(ev->open.count(fence) == 1);  // not waited for, kept
+    CHECK(ev->stream_waits == 0);
+    close_raw_stream(*ev, h2, false);
+    CHECK(ev->recorded == 1);  // its fence stands: nothing ran on the cache since
+    const auto h3 = fake_stream(0x7300000);
+    depot::stream_registry::opened(dev, h3);
+    CHECK(phase(h3, 3) == 0);
+    CHECK(a.stream_caches() == 1);  // a spare again: taken over once more (2 before)
+    CHECK(a.stats().num_cache_misses == before.num_cache_misses);
+    CHECK(ev->stream_waits == 1);
+    CHECK(ev->waiting_stream == addr(h3));
+    CHECK(ev->waited_event == fence);
+    CHECK(ev->syncs == 0);
+    const auto [mine, all] = on_stream(h3);
+    CHECK(mine == all);
+    check_invariants(a.stats(), a.snapshot());
+    close_raw_stream(*ev, h3, true);
+  }
+  close_raw_stream(*ev, h2, true);
+  check_ends_empty(a);
+}
+
+// Each phase of a code on a stream of its own (made and destroyed): the free memory of the
+// phase before serves it, written after that phase's work. Every device: the blocks keep
+// what each phase wrote, no phase after the first misses, and the caches stay few.
+TEST_CASE_TEMPLATE("pool: a stream per phase finds the phase before's free memory", D, DEPOT_TEST_DEVICES)
+{
+  depot::detail::allocator_core a{std::make_unique<depot::device_upstream<D>>(0), quiet_config<D>(),
+                                  depot::is_gpu_v<D>};
+  std::mt19937_64 rng{depot::test::seed("pool stream per phase", 31)};
+  const std::vector<std::size_t> sizes = {60 * KiB, 60 * KiB, 60 * KiB, 700 * KiB, 700 * KiB, 8 * MiB, 24 * MiB};
+  std::int64_t misses_after_first = -1;
+  std::int64_t reserved_after_first = -1;
+  int bad = 0;
+  for (int i = 0; i < 24; ++i) {
+    depot::stream<D> s;
+    std::vector<void*> mine;
+    for (std::size_t n : sizes) mine.push_back(a.allocate(n, s.native()));
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      fill_bytes<D>(mine[k], sizes[k], static_cast<unsigned char>(i + 1), s);
+    }
+    s.synchronize();
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      if (!check_bytes<D>(mine[k], sizes[k], static_cast<unsigned char>(i + 1), rng)) ++bad;
+      // (the last phase's work, queued after the check, still runs as its stream goes)
+      fill_bytes<D>(mine[k], sizes[k], 0xEE, s);
+      a.deallocate(mine[k], s.native(), true, 0);
+    }
+    if (i == 0) {
+      misses_after_first = a.stats().num_cache_misses;
+      reserved_after_first = a.stats().reserved_bytes.all.current;
+    }
+  }
+  const depot::memory_stats st = a.stats();
+  MESSAGE("24 phases: misses " << st.num_cache_misses << " (after the first phase " << misses_after_first
+                               << "), stream caches " << a.stream_caches());
+  CHECK(bad == 0);
+  CHECK(st.num_cache_misses == misses_after_first);
+  CHECK(st.reserved_bytes.all.peak == reserved_after_first);
+  CHECK(a.stream_caches() <= 2);
+  check_ends_empty(a);
+}
+
 TEST_CASE_TEMPLATE("pool: a block that changes streams is written after the last stream's work", D,
                    DEPOT_TEST_DEVICES)
 {
@@ -5194,6 +5335,7 @@ TEST_CASE_TEMPLATE("pool: a block that changes streams is written after the last
   SUBCASE("stolen from a live stream") { how = 0; }
   SUBCASE("stolen from a destroyed stream") { how = 1; }
   SUBCASE("a new stream after the old one was destroyed") { how = 2; }
+  SUBCASE("a new stream takes the destroyed one's cache over") { how = 3; }
   CAPTURE(how);
   auto s1 = std::make_unique<depot::stream<D>>();
   const depot::native_stream old_handle = s1->native();
@@ -5205,17 +5347,24 @@ TEST_CASE_TEMPLATE("pool: a block that changes streams is written after the last
   a.deallocate(busy, *s1);
   std::unique_ptr<depot::stream<D>> keep;
   if (how == 0) keep = std::move(s1);
+  // The second way's new stream has a cache of its own before the old one goes, so its
+  // miss takes the segment over (else it takes the whole closed cache over: the fourth).
+  std::unique_ptr<depot::stream<D>> s2p;
+  if (how == 1) {
+    s2p = std::make_unique<depot::stream<D>>();
+    a.deallocate(a.allocate(512, *s2p), *s2p);
+  }
   s1.reset();
   // A new stream; for the third way, one with the old handle if the backend gives it back
   // within 64 streams (then the block is a cache hit on a closed stream's cache).
   std::vector<depot::stream<D>> tried;
-  auto s2p = std::make_unique<depot::stream<D>>();
+  if (!s2p) s2p = std::make_unique<depot::stream<D>>();
   for (int i = 0; how == 2 && s2p->native() != old_handle && i < 64; ++i) {
     tried.push_back(std::move(*s2p));
     s2p = std::make_unique<depot::stream<D>>();
   }
   depot::stream<D>& s2 = *s2p;
-  if (how == 2) MESSAGE("the new stream reuses the destroyed one's handle: " << (s2.native() == old_handle));
+  if (how >= 2) MESSAGE("the new stream reuses the destroyed one's handle: " << (s2.native() == old_handle));
   // Measured, not asserted: the allocation returns while the old stream's work still runs
   // (a device synchronisation would wait for it).
   const auto t0 = std::chrono::steady_clock::now();

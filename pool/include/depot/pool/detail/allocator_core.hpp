@@ -56,7 +56,8 @@ class allocator_core {
   // so, else the first difference. Takes every lock, as snapshot().
   [[nodiscard]] std::string check_small_bits() const;
   // For tests: how many stream caches this allocator has made (streams' and capture
-  // pools'); a closed stream's empty cache is taken over by a new stream, not made anew.
+  // pools'); a closed stream's cache with no block in use is taken over by a new stream,
+  // not made anew.
   [[nodiscard]] std::size_t stream_caches() const;
   [[nodiscard]] std::vector<trace_event> trace() const;
   [[nodiscard]] std::string trace_json() const;
