@@ -5293,8 +5293,12 @@ TEST_CASE_TEMPLATE("pool: a stream per phase finds the phase before's free memor
   std::int64_t misses_after_first = -1;
   std::int64_t reserved_after_first = -1;
   int bad = 0;
+  // Each phase's stream is made before the phase before's is destroyed, so the backend
+  // cannot give it that one's handle (which would reopen that one's cache, not take it over).
+  auto next = std::make_unique<depot::stream<D>>();
   for (int i = 0; i < 24; ++i) {
-    depot::stream<D> s;
+    const std::unique_ptr<depot::stream<D>> current = std::move(next);
+    depot::stream<D>& s = *current;
     std::vector<void*> mine;
     for (std::size_t n : sizes) mine.push_back(a.allocate(n, s.native()));
     for (std::size_t k = 0; k < mine.size(); ++k) {
@@ -5307,12 +5311,14 @@ TEST_CASE_TEMPLATE("pool: a stream per phase finds the phase before's free memor
       fill_bytes<D>(mine[k], sizes[k], 0xEE, s);
       a.deallocate(mine[k], s.native(), true, 0);
     }
+    next = std::make_unique<depot::stream<D>>();
     if (i == 0) {
       misses_after_first = a.stats().num_cache_misses;
       reserved_after_first = a.stats().reserved_bytes.all.current;
     }
   }
   const depot::memory_stats st = a.stats();
+  next.reset();
   MESSAGE("24 phases: misses " << st.num_cache_misses << " (after the first phase " << misses_after_first
                                << "), stream caches " << a.stream_caches());
   CHECK(bad == 0);
@@ -5347,13 +5353,12 @@ TEST_CASE_TEMPLATE("pool: a block that changes streams is written after the last
   a.deallocate(busy, *s1);
   std::unique_ptr<depot::stream<D>> keep;
   if (how == 0) keep = std::move(s1);
-  // The second way's new stream has a cache of its own before the old one goes, so its
-  // miss takes the segment over (else it takes the whole closed cache over: the fourth).
+  // The second and fourth ways' new stream is made before the old one goes (so its handle
+  // is another); the second's has a cache of its own then, so its miss takes the segment
+  // over; the fourth's has none, so it takes the whole closed cache over.
   std::unique_ptr<depot::stream<D>> s2p;
-  if (how == 1) {
-    s2p = std::make_unique<depot::stream<D>>();
-    a.deallocate(a.allocate(512, *s2p), *s2p);
-  }
+  if (how == 1 || how == 3) s2p = std::make_unique<depot::stream<D>>();
+  if (how == 1) a.deallocate(a.allocate(512, *s2p), *s2p);
   s1.reset();
   // A new stream; for the third way, one with the old handle if the backend gives it back
   // within 64 streams (then the block is a cache hit on a closed stream's cache).
@@ -5364,7 +5369,8 @@ TEST_CASE_TEMPLATE("pool: a block that changes streams is written after the last
     s2p = std::make_unique<depot::stream<D>>();
   }
   depot::stream<D>& s2 = *s2p;
-  if (how >= 2) MESSAGE("the new stream reuses the destroyed one's handle: " << (s2.native() == old_handle));
+  if (how == 2) MESSAGE("the new stream reuses the destroyed one's handle: " << (s2.native() == old_handle));
+  if (how == 3) CHECK(s2.native() != old_handle);
   // Measured, not asserted: the allocation returns while the old stream's work still runs
   // (a device synchronisation would wait for it).
   const auto t0 = std::chrono::steady_clock::now();
