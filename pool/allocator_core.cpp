@@ -1348,7 +1348,9 @@ struct shared_stats {
     // acquire: pairs with the release below, so the kept delta's cache (made by another
     // thread) is seen whole before its lock is tried.
     if (stat_delta* o = overdrawn.load(std::memory_order_acquire); o != nullptr && o != &d) {
-      cache_mutex* const m = o->owner.load(std::memory_order_relaxed);
+      // acquire: pairs with switch_op's release, so a cache the delta moved to (made by
+      // another thread since the delta was marked) is seen whole before its lock is tried
+      cache_mutex* const m = o->owner.load(std::memory_order_acquire);
       if (m->try_lock_unbiased()) {  // biased to its thread: it publishes itself
         // still that cache's (it may have moved before the lock was taken)
         if (o->owner.load(std::memory_order_relaxed) == m && o->overdrawn()) publish(*o);
@@ -2063,8 +2065,11 @@ struct allocator_core::impl {
     if (previous->delta->dirty != 0) {
       if (locked && c.delta->can_take(*previous->delta)) {
         std::swap(previous->delta, c.delta);
-        previous->delta->owner.store(&previous->mu, std::memory_order_relaxed);
-        c.delta->owner.store(&c.mu, std::memory_order_relaxed);
+        // release: settle() on another thread may follow owner to c, which may be new
+        // (thread sanitizer, the four-thread take-over test: its lock read before its
+        // making was seen); plain stores on x86 all the same
+        previous->delta->owner.store(&previous->mu, std::memory_order_release);
+        c.delta->owner.store(&c.mu, std::memory_order_release);
       } else {
         figures.publish(*previous->delta);
       }
