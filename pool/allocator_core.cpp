@@ -294,6 +294,8 @@ struct segment {  // of the large pool, or of the small pool's linked part
   std::size_t unmapped = 0;  // bytes of holes (k_unmapped blocks) below addr + size
   segment* lprev = nullptr;  // in the cache's segment list
   segment* lnext = nullptr;
+  // No block of it is allocated or waiting: it is one free block (free neighbours merge).
+  [[nodiscard]] bool whole_free() const noexcept { return head->whole() && head->state == block_state::free; }
 };
 using segment_list = intrusive_list<segment, &segment::lprev, &segment::lnext>;
 
@@ -2256,15 +2258,14 @@ struct allocator_core::impl {
   }
   // Whether closed cache c (locked) can serve another stream as it is: none of its blocks
   // is allocated or waits for an event, so every segment it holds is whole free, last used
-  // on its old stream before its fence. (A free block is merged with its free neighbours:
-  // a segment with no live block is one free block.)
+  // on its old stream before its fence.
   static bool reusable(const stream_cache& c) noexcept
   {
     if (!c.pending.empty() || !c.deferred.empty() || c.in_place != 0 || !c.listed.empty() || !c.small_uses.empty()) {
       return false;
     }
     for (const segment* s = c.segments; s != nullptr; s = s->lnext) {
-      if (!s->head->whole() || s->head->state != block_state::free) return false;
+      if (!s->whole_free()) return false;
     }
     return std::all_of(c.small_dir.begin(), c.small_dir.end(), [](const auto& d) { return d.second->whole_free(); });
   }
@@ -3088,11 +3089,11 @@ struct allocator_core::impl {
   }
   // Whether a segment may go back to the upstream now: wholly free, and not mapped by
   // another process (an exported segment is kept while importers count themselves in).
-  bool releasable(const segment& s) const noexcept
+  template <class S>
+  bool releasable(const S& s) const noexcept
   {
-    return s.head->whole() && s.head->state == block_state::free && !imported(s);
+    return s.whole_free() && !imported(s);
   }
-  bool releasable(const small_segment& s) const noexcept { return s.whole_free() && !imported(s); }
 
   void release_free_segments(stream_cache& c) noexcept
   {
@@ -3787,7 +3788,7 @@ struct allocator_core::impl {
             });
       } else {
         const auto movable = [small](const segment* s) {
-          return s->small == small && s->head->whole() && s->head->state == block_state::free;
+          return s->small == small && s->whole_free();
         };
         const auto move = [&](segment* s) {
           unindex(*other, s->head);
