@@ -4750,7 +4750,11 @@ void allocator_core::record_stream(void* ptr, native_stream stream)
   impl& m = *impl_;
   auto [b, lock] = m.lookup(ptr, m.hint_for(stream, false), false);
   stream_cache& c = impl::cache_of(b);
-  if (stream == c.stream) return;
+  // Its own stream: nothing to list. But a closed cache's handle that is live again names
+  // a new stream (the backend gave the destroyed one's handle to the next), other than the
+  // one the block's frees are ordered on (the dead one, before the fence): listed as a use,
+  // so a free records an event there (as a free named on that handle is ordered there).
+  if (stream == c.stream && !(c.closed && m.stream_lives(stream))) return;
   m.uses_listed.store(true, std::memory_order_relaxed);
   std::vector<native_stream>* uses = impl::uses_of(c, b, true);
   if (std::find(uses->begin(), uses->end(), stream) == uses->end()) uses->push_back(stream);

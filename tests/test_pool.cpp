@@ -5182,6 +5182,64 @@ TEST_CASE("pool: steals and reused handles are ordered by events where the strea
   }
 }
 
+// record_stream on a destroyed stream's handle that a new stream was given (as CUDA gives
+// the next stream): a use by another stream than the block's, so its free, unnamed or on
+// that handle, waits for an event there before the block is handed out again. The
+// modelled-device fuzz found it (a second seed, 2026-12-06, once small frees changed which
+// segments moved): the use was taken for the block's own stream and dropped, the unnamed
+// free released the block at once into the closed cache, and a steal handed its whole free
+// segment to another stream ordered after the fence only, while the new stream's work on
+// the block could still run.
+TEST_CASE("pool: record_stream on a closed stream's handle that names a new stream orders the block's free after it")
+{
+  const std::size_t n = each_block_kind();
+  CAPTURE(n);
+  for (const bool named : {false, true}) {  // freed unnamed, or on the handle
+    CAPTURE(named);
+    auto ev = std::make_shared<manual_event_upstream::state>();
+    depot::detail::allocator_core a = async_core(ev);
+    const depot::device_id dev = ev->streams;
+    const auto addr = [](auto p) { return reinterpret_cast<std::uintptr_t>(p); };
+    const auto h = fake_stream(0x7300000);
+    depot::stream_registry::opened(dev, h);
+    void* x = a.allocate(n, h);
+    close_raw_stream(*ev, h, false);  // its cache closed, a fence recorded on h
+    REQUIRE(ev->recorded == 1);
+    depot::stream_registry::opened(dev, h);  // a new stream, given the same handle
+    {
+      const std::lock_guard g{ev->mu};
+      ev->dead.erase(addr(h));
+    }
+    a.record_stream(x, h);  // the new stream uses x
+    if (named) {
+      a.deallocate(x, h, true, 0);
+    } else {
+      a.deallocate(x, nullptr, false, 0);
+    }
+    CHECK(ev->recorded == 2);  // an event on the new stream, for its use
+    CHECK(ev->last_record_stream == addr(h));
+    CHECK(ev->dead_records == 0);
+    CHECK(pending_in(a) == 1);
+    // Another stream's allocation gets other memory while that event is open (without the
+    // listed use: x, its segment whole free in the closed cache, stolen).
+    const auto h2 = fake_stream(0x7400000);
+    depot::stream_registry::opened(dev, h2);
+    void* y = a.allocate(n, h2);
+    CHECK(y != x);
+    // The event done: x is back in the cache.
+    {
+      const std::lock_guard g{ev->mu};
+      ev->open.clear();
+    }
+    a.deallocate(y, h2, true, 0);
+    a.empty_cache();
+    CHECK(pending_in(a) == 0);
+    check_invariants(a.stats(), a.snapshot());
+    close_raw_stream(*ev, h2, true);
+    close_raw_stream(*ev, h, true);
+  }
+}
+
 // The same orders on the device: the victim stream's last work on a block is slow (queued
 // behind large fills), the thief writes the block at once. Without an order the victim's
 // late fill would overwrite the thief's. Each way a block can change streams: a steal from
