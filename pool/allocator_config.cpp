@@ -218,6 +218,11 @@ allocator_config allocator_config::parse(std::string_view text)
       const auto v = parse_bytes(key, value, range);
       if (v > (std::size_t{1} << 40)) bad(key, value, range);
       c.stats_batch = v;
+    } else if (key == "small_reuse_bytes") {
+      constexpr std::string_view range = "a size in [0, 64MiB], e.g. 1MiB";
+      const auto v = parse_bytes(key, value, range);
+      if (v > (std::size_t{64} << 20)) bad(key, value, range);
+      c.small_reuse_bytes = v;
     } else if (key == "expandable_segments") {
       c.expandable_segments = parse_bool(key, value);
     } else if (key == "biased_locks") {
@@ -229,7 +234,7 @@ allocator_config allocator_config::parse(std::string_view text)
           "max_non_split_rounding_mb), roundup_power2_divisions, "
           "garbage_collection_threshold, release_threshold (or release_threshold_mb), steal_threshold (or "
           "steal_threshold_mb), "
-          "per_process_memory_fraction, trace_capacity, stats_batch, expandable_segments, biased_locks");
+          "per_process_memory_fraction, trace_capacity, stats_batch, small_reuse_bytes, expandable_segments, biased_locks");
     }
   }
   c.validate();
@@ -284,6 +289,9 @@ void allocator_config::validate() const
   if (stats_batch > (std::size_t{1} << 40)) {
     fail("stats_batch", std::to_string(stats_batch) + " bytes", "a size in [0, 1 TiB]");
   }
+  if (small_reuse_bytes > (std::size_t{64} << 20)) {
+    fail("small_reuse_bytes", std::to_string(small_reuse_bytes) + " bytes", "a size in [0, 64 MiB]");
+  }
 }
 
 allocator_config allocator_config::from_environment()
@@ -323,6 +331,8 @@ std::string allocator_config::to_string() const
     add("per_process_memory_fraction:" + std::to_string(per_process_memory_fraction));
   if (trace_capacity != 0) add("trace_capacity:" + std::to_string(trace_capacity));
   if (stats_batch != allocator_config{}.stats_batch) add("stats_batch:" + std::to_string(stats_batch));
+  if (small_reuse_bytes != allocator_config{}.small_reuse_bytes)
+    add("small_reuse_bytes:" + std::to_string(small_reuse_bytes));
   if (expandable_segments) add("expandable_segments:true");
   if (!biased_locks) add("biased_locks:false");
   return s;

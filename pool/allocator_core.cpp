@@ -512,9 +512,12 @@ constexpr std::uint32_t k_nil = ~std::uint32_t{0};
 static_assert(k_seg_units == 1U << k_unit_bits);
 
 constexpr std::size_t unit_bytes(unsigned units) noexcept { return std::size_t{units} << k_unit_shift; }
+// The sizes a dense block may have while allocated, in units: those of stream_cache::reuse.
+constexpr unsigned k_reuse_sizes = static_cast<unsigned>(k_dense_request >> k_unit_shift);  // 128
 
 struct unit_entry {
-  enum : std::uint8_t { head = 1, split = 2, has_uses = 4, in_place = 8 };  // in_place: stream_cache::in_place
+  // in_place: stream_cache::in_place; reuse: on a stream_cache::reuse list (state free, not indexed)
+  enum : std::uint8_t { head = 1, split = 2, has_uses = 4, in_place = 8, reuse = 16 };
   std::uint16_t size = 0;  // units (1..4096)
   std::uint16_t prev = 0;  // units back to the previous block's head (0: the first block)
   block_state state = block_state::free;
@@ -1541,6 +1544,17 @@ struct stream_cache {
   cache_mutex mu;
   std::array<free_index, 2> pools;           // free linked blocks: [0] large, [1] small
   small_free_index small;                    // free blocks of dense small segments
+  // Freed dense blocks kept unmerged for the next request of their size
+  // (allocator_config::small_reuse_bytes): per size in units, a list linked through the
+  // entries' fnext (state free, flags head | split | reuse, not indexed, their free bits
+  // clear, so no neighbour merges them); reuse_units: their units in all, at most reuse_cap.
+  std::array<std::uint32_t, k_reuse_sizes> reuse = [] {
+    std::array<std::uint32_t, k_reuse_sizes> a{};
+    a.fill(k_nil);
+    return a;
+  }();
+  std::uint32_t reuse_units = 0;
+  std::uint32_t reuse_cap = 0;
   segment* segments = nullptr;               // linked segments
   segment* growing = nullptr;                // its expandable segment, which grows (one of `segments`)
   hole_index holes;                          // k_unmapped blocks of its segments, by room
@@ -2230,6 +2244,7 @@ struct allocator_core::impl {
           c = take_spare(s);
           if (c == nullptr) {
             auto fresh = std::make_unique<stream_cache>(s, small_table, cfg.stats_batch, cfg.biased_locks);
+            fresh->reuse_cap = static_cast<std::uint32_t>(cfg.small_reuse_bytes >> k_unit_shift);
             caches.reserve(caches.size() + 1);
             c = fresh.get();
             caches.push_back(std::move(fresh));  // (reserved)
@@ -2970,8 +2985,14 @@ struct allocator_core::impl {
 
   block_ref small_take_free(stream_cache& c, unsigned units, std::size_t bytes)
   {
-    const std::uint32_t l = c.small.find(units);
-    if (l == k_nil) return {};
+    if (const std::uint32_t l = c.reuse[units - 1]; l != k_nil) return small_take_kept(c, l, units, bytes);
+    std::uint32_t l = c.small.find(units);
+    if (l == k_nil) {
+      if (c.reuse_units == 0) return {};
+      merge_kept(c);  // kept blocks of other sizes, merged, before the cache grows
+      l = c.small.find(units);
+      if (l == k_nil) return {};
+    }
     small_segment& s = small_table.at(l >> k_unit_bits);
     const unsigned u = l & (k_seg_units - 1);
     small_make_room(s);  // may throw: nothing changed
@@ -2981,12 +3002,90 @@ struct allocator_core::impl {
     return {nullptr, &s, u};
   }
 
+  // The kept block at link l (the head of the reuse list of `units`) handed out for
+  // `bytes`: no split, no index (caller holds c.mu).
+  block_ref small_take_kept(stream_cache& c, std::uint32_t l, unsigned units, std::size_t bytes)
+  {
+    small_segment& s = small_table.at(l >> k_unit_bits);
+    const unsigned u = l & (k_seg_units - 1);
+    small_make_room(s);  // may throw: nothing changed
+    c.reuse[units - 1] = s.units[u].fnext;
+    c.reuse_units -= units;
+    c.delta->mark(true);
+    c.delta->sub_split(true, unit_bytes(units));
+    small_hand_out<true>(c, s, u, units, bytes);
+    return {nullptr, &s, u};
+  }
+
+  // A freed block (no other stream recorded, its free counted) kept unmerged for reuse at
+  // its size, when the cache's reuse lists have room and it is not over release_threshold;
+  // else back to the cache as small_release() (caller holds c.mu).
+  [[gnu::always_inline]] void small_free(stream_cache& c, small_segment& s, unsigned u)
+  {
+    unit_entry& e = s.units[u];
+    const unsigned units = e.size;
+    if (c.reuse_units + units > c.reuse_cap || over_release_threshold(c)) {
+      small_release(c, s, u);
+      return;
+    }
+    const std::size_t n = unit_bytes(units);
+    c.delta->sub_active(true, n);
+    c.delta->add_split(true, n);  // (a dense block is never a whole segment)
+    e.state = block_state::free;
+    e.flags = unit_entry::head | unit_entry::split | unit_entry::reuse;
+    std::uint32_t& first = c.reuse[units - 1];
+    e.fnext = first;
+    first = link_of(s, u);
+    c.reuse_units += units;
+  }
+
+  // Every kept block of c merged with its free neighbours and indexed, as its free would
+  // have done (caller holds c.mu).
+  void merge_kept(stream_cache& c) noexcept
+  {
+    if (c.reuse_units == 0) return;
+    c.delta->mark(true);
+    for (std::uint32_t& first : c.reuse) {
+      for (std::uint32_t l = std::exchange(first, k_nil); l != k_nil;) {
+        small_segment& s = small_table.at(l >> k_unit_bits);
+        const unsigned u = l & (k_seg_units - 1);
+        unit_entry& e = s.units[u];
+        l = e.fnext;
+        c.delta->sub_split(true, unit_bytes(e.size));
+        e.flags = unit_entry::head;
+        small_merge(c, s, u);
+      }
+    }
+    c.reuse_units = 0;
+    // An operation boundary of its own, so an allocation that follows counts as on the
+    // fast path and the highs take in the merged figures now (merging raises no figure:
+    // a merged block's split bytes are its parts', or none when it is a whole segment).
+    c.delta->end_op();
+  }
+
+  // The largest kept block's bytes (0: none).
+  static std::size_t largest_kept(const stream_cache& c) noexcept
+  {
+    for (unsigned k = k_reuse_sizes; k-- > 0;) {
+      if (c.reuse[k] != k_nil) return unit_bytes(k + 1);
+    }
+    return 0;
+  }
+
   // Back to the cache: merge with free neighbours, index (caller holds c.mu).
   void small_release(stream_cache& c, small_segment& s, unsigned u)
   {
     unit_entry* e = &s.units[u];
     c.delta->sub_active(true, unit_bytes(e->size));
     if ((e->flags & unit_entry::has_uses) != 0) c.small_uses.erase(address_of(s, u));
+    small_merge(c, s, u);
+  }
+  // small_release() past its counting: the block at u (flags `head`, not indexed) merged
+  // with its free neighbours and indexed; a whole free segment released past the
+  // release threshold.
+  [[gnu::always_inline]] void small_merge(stream_cache& c, small_segment& s, unsigned u) noexcept
+  {
+    unit_entry* e = &s.units[u];
     // Neighbours are asked of the segment's bitmap: a neighbour's entry is read only to
     // merge it, and the entry after the block is written only when the block grew (its
     // distance back to this head is the block's size already otherwise).
@@ -3097,6 +3196,7 @@ struct allocator_core::impl {
 
   void release_free_segments(stream_cache& c) noexcept
   {
+    merge_kept(c);
     for (segment* s = c.segments; s != nullptr;) {
       segment* next = s->lnext;
       if (releasable(*s)) {
@@ -3314,6 +3414,7 @@ struct allocator_core::impl {
     }
     {
       cache_lock g{figures, *c};
+      merge_kept(*c);  // (whole free segments, for a take-over or a steal)
       // Closed already: nothing ran here since, its fence stands (a handle closed twice, or
       // a cache taken over with its memory by s, which never allocated from it).
       if (!c->closed) {
@@ -3771,6 +3872,14 @@ struct allocator_core::impl {
       // device synchronisation for a raw handle). This is the miss path, in place of an
       // upstream allocation.
       if (want_dense) {
+        // Blocks the other cache keeps for reuse merged first (a segment that holds one is
+        // not whole free), as an operation of that cache's own, published at once: its
+        // figures changed in this cache's operation, between its own operations, and a
+        // peak of the batched statistics went astray when they waited there.
+        if (other->reuse_units != 0) {
+          merge_kept(*other);
+          figures.publish(*other->delta, true);
+        }
         auto& from = other->small_dir;
         const auto n = std::min<std::size_t>(
             static_cast<std::size_t>(
@@ -4215,7 +4324,7 @@ struct allocator_core::impl {
       // flags exactly `head`: no other stream recorded (has_uses)
       if (e.flags != unit_entry::head || (expected != 0 && expected != e.requested)) return false;
       c.delta->count_free(true, unit_bytes(e.size), e.requested);
-      small_release(c, *b.seg, b.unit);
+      small_free(c, *b.seg, b.unit);
     } else {
       block* k = b.large;
       if (k->has_uses || (expected != 0 && expected != k->requested)) return false;
@@ -4373,8 +4482,9 @@ struct allocator_core::impl {
     std::size_t largest = 0;
     std::size_t free_total = 0;
     for (const auto& c : caches) {
-      largest = std::max({largest, c->pools[0].largest(), c->pools[1].largest(), c->small.largest()});
-      free_total += c->pools[0].bytes() + c->pools[1].bytes() + c->small.bytes();
+      largest = std::max({largest, c->pools[0].largest(), c->pools[1].largest(), c->small.largest(),
+                          largest_kept(*c)});
+      free_total += c->pools[0].bytes() + c->pools[1].bytes() + c->small.bytes() + unit_bytes(c->reuse_units);
     }
     s.largest_free_block = static_cast<std::int64_t>(largest);
     s.fragmentation = free_total > 0 ? 1.0 - static_cast<double>(largest) / static_cast<double>(free_total) : 0.0;
@@ -4801,6 +4911,7 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
     std::unique_ptr<stream_cache> fresh;
     if (st == nullptr) {
       fresh = std::make_unique<stream_cache>(stream, m.small_table, m.cfg.stats_batch, m.cfg.biased_locks);
+      fresh->reuse_cap = static_cast<std::uint32_t>(m.cfg.small_reuse_bytes >> k_unit_shift);
       fresh->capture_pool = m.next_pool;
     }
     auto placed = m.by_stream.try_emplace(stream, nullptr);  // (may throw: nothing changed yet)
@@ -5015,6 +5126,28 @@ std::string allocator_core::check_small_bits() const
   std::vector<std::unique_lock<cache_mutex>> locks;
   m.lock_all(locks);
   for (const auto& c : m.caches) {
+    // The reuse lists: every block on them flagged, of the list's size, counted in
+    // reuse_units; every flagged block on one.
+    std::size_t listed = 0;
+    std::size_t flagged = 0;
+    std::uint64_t units = 0;
+    for (unsigned k = 0; k < k_reuse_sizes; ++k) {
+      for (std::uint32_t l = c->reuse[k]; l != k_nil; ++listed) {
+        const small_segment& s = m.small_table.at(l >> k_unit_bits);
+        const unit_entry& e = s.units[l & (k_seg_units - 1)];
+        if (s.cache != &*c || (e.flags & unit_entry::reuse) == 0 || e.size != k + 1 || listed > k_seg_units * c->small_dir.size()) {
+          return "the reuse list of " + std::to_string(k + 1) + " units of stream " + format_address(c->stream) +
+                 " holds a block at " + format_address(s.addr + unit_bytes(l & (k_seg_units - 1))) +
+                 " that is not a kept block of that size in its cache";
+        }
+        units += e.size;
+        l = e.fnext;
+      }
+    }
+    if (units != c->reuse_units || units > c->reuse_cap) {
+      return "the reuse lists of stream " + format_address(c->stream) + " hold " + std::to_string(units) +
+             " units, counted " + std::to_string(c->reuse_units) + " (at most " + std::to_string(c->reuse_cap) + ")";
+    }
     for (const auto& [addr, s] : c->small_dir) {
       const std::string where = "small segment " + format_address(addr) + ": ";
       std::array<std::uint64_t, k_seg_units / 64> want{};
@@ -5030,10 +5163,17 @@ std::string allocator_core::check_small_bits() const
                  std::to_string(e.prev) + " units, not " + std::to_string(before);
         }
         if (s->free_at(u)) {
-          if (e.state != block_state::free) {
+          if (e.state != block_state::free || (e.flags & unit_entry::reuse) != 0) {
             return where + "the block at unit " + std::to_string(u) + " is marked free but is not";
           }
           want[u >> 6] |= std::uint64_t{1} << (u & 63U);
+        }
+        if ((e.flags & unit_entry::reuse) != 0) {
+          if (e.state != block_state::free || n > k_reuse_sizes) {
+            return where + "the block at unit " + std::to_string(u) + " is marked kept for reuse but is " +
+                   (n > k_reuse_sizes ? "larger than 64 KiB" : "not free");
+          }
+          ++flagged;
         }
         before = n;
         u += n;
@@ -5044,6 +5184,10 @@ std::string allocator_core::check_small_bits() const
                  " are out of step with its blocks";
         }
       }
+    }
+    if (flagged != listed) {
+      return "stream " + format_address(c->stream) + ": " + std::to_string(flagged) + " blocks marked kept for reuse, " +
+             std::to_string(listed) + " on its reuse lists";
     }
   }
   return {};
@@ -5087,11 +5231,12 @@ allocator_snapshot allocator_core::snapshot() const
         const unit_entry& e = s->units[u];
         // Free as the bitmap says (what frees consult), so a bitmap out of step with the
         // entries shows as a snapshot that disagrees with the statistics.
-        const block_state st = s->free_at(u) ? block_state::free
+        const bool kept = (e.flags & unit_entry::reuse) != 0;
+        const block_state st = s->free_at(u) || kept ? block_state::free
                                : e.state == block_state::free ? block_state::allocated
                                                               : e.state;
         si.blocks.push_back(block_info{s->addr + unit_bytes(u), unit_bytes(e.size),
-                                       st == block_state::free ? 0 : e.requested, st});
+                                       st == block_state::free ? 0 : e.requested, st, kept});
       }
       snap.segments.push_back(std::move(si));
     }

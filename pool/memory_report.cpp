@@ -128,6 +128,7 @@ std::string allocator_snapshot::to_json() const
       w.member("requested", std::uint64_t{b.requested});
       w.member("size", std::uint64_t{b.size});
       w.member("state", to_string(b.state));
+      if (b.kept) w.member("kept", true);
       w.close('}');
     }
     w.close(']');

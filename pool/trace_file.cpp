@@ -677,8 +677,8 @@ class snapshot_sax {
   static constexpr std::array<const char*, 8> segment_names{
       "address", "size", "stream", "pool", "exported", "importers", "capture_pool", "reserved_addresses"};
   enum : std::size_t { s_address, s_size, s_stream, s_pool, s_exported, s_importers, s_capture_pool, s_reserved };
-  static constexpr std::array<const char*, 4> block_names{"address", "size", "requested", "state"};
-  enum : std::size_t { b_address, b_size, b_requested, b_state };
+  static constexpr std::array<const char*, 5> block_names{"address", "size", "requested", "state", "kept"};
+  enum : std::size_t { b_address, b_size, b_requested, b_state, b_kept };
 
   [[noreturn]] void sfail(const std::string& msg) const { snapshot_fail(name_, msg); }
   std::string segment_where() const { return "segment " + std::to_string(snap_.segments.size()) + ": "; }
@@ -832,6 +832,11 @@ class snapshot_sax {
     const auto state = state_from_name(st);
     if (!state) sfail(bw + "field 'state': expected allocated, pending_free, free or unmapped, got " + shown(st));
     blk.state = *state;
+    if (const field_value& kp = block_[b_kept]; kp.k != field_value::kind::none) {  // optional
+      if (kp.k != field_value::kind::boolean) sfail(bw + "field 'kept': expected true or false, got " + kp.text);
+      if (kp.b && blk.state != block_state::free) sfail(bw + "field 'kept': true on a block that is not free");
+      blk.kept = kp.b;
+    }
     blocks_.push_back(blk);
   }
 

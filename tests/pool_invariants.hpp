@@ -31,7 +31,7 @@ inline void check_invariants(const depot::memory_stats& s, const depot::allocato
     ++p.segments;
     std::uintptr_t expect = seg.address;
     std::size_t unmapped = 0;
-    bool previous_free = false, previous_unmapped = false;
+    bool previous_free = false, previous_unmapped = false, previous_kept = false;
     REQUIRE_FALSE(seg.blocks.empty());
     for (const auto& b : seg.blocks) {
       REQUIRE(b.address == expect);  // blocks tile the segment
@@ -45,12 +45,16 @@ inline void check_invariants(const depot::memory_stats& s, const depot::allocato
         unmapped += b.size;
         previous_unmapped = true;
         previous_free = false;
+        previous_kept = false;
         continue;
       }
       previous_unmapped = false;
       const bool is_free = b.state == depot::block_state::free;
-      REQUIRE_FALSE((is_free && previous_free));  // free neighbours are always merged
+      // free neighbours are always merged, but for blocks kept for reuse at their size
+      REQUIRE_FALSE((is_free && previous_free && !b.kept && !previous_kept));
+      REQUIRE((!b.kept || (is_free && seg.small_pool)));
       previous_free = is_free;
+      previous_kept = b.kept;
       if (b.state == depot::block_state::allocated) {
         p.allocated += static_cast<std::int64_t>(b.size);
         p.requested += static_cast<std::int64_t>(b.requested);

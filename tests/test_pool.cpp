@@ -619,7 +619,17 @@ TEST_CASE_TEMPLATE("pool: pointers inside or beside live blocks are refused in e
   }
   const auto end = a.stats();
   CHECK(end.allocated_bytes.all.current == 0);
-  CHECK(end.inactive_split_bytes.all.current == 0);  // every neighbour merged back
+  // every neighbour merged back, but for the small blocks kept for reuse at their size
+  // (allocator_config::small_reuse_bytes), which the snapshot names
+  std::int64_t kept = 0;
+  for (const auto& seg : a.snapshot().segments) {
+    for (const auto& b : seg.blocks) kept += b.kept ? static_cast<std::int64_t>(b.size) : 0;
+  }
+  CHECK(kept > 0);  // (4 B and 3 KiB, twice each, and two of 64 KiB)
+  CHECK(end.inactive_split_bytes.all.current >= kept);
+  a.empty_cache();  // merges them, and releases every segment
+  CHECK(a.stats().inactive_split_bytes.all.current == 0);
+  CHECK(a.stats().reserved_bytes.all.current == 0);
 }
 
 namespace {
@@ -2001,10 +2011,13 @@ TEST_CASE_TEMPLATE("pool: a block used on another stream waits for it before reu
   }
   s2.synchronize();
   a.deallocate(y, s1);
-  // Once s2's event completed, x's block is free again and is reused on s1.
+  // Once s2's event completed, x's block is free again and is reused on s1 (after y's,
+  // when y is another block: kept for the next request of its size).
   void* z = a.allocate(n, s1);
-  CHECK(z == x);
+  void* z2 = z == x ? nullptr : a.allocate(n, s1);
+  CHECK((z == x || z2 == x));
   a.deallocate(z, s1);
+  a.deallocate(z2, s1);
   a.deallocate(big, s2);
   check_invariants(a);
 }
@@ -3298,7 +3311,7 @@ TEST_CASE("pool: a capture pool's frees that waited for events return to it befo
   CHECK(pending_in(a) == 0);
   CHECK(ev->forbidden == forbidden);
   void* z = a.allocate(n, s1);
-  CHECK(z == x);
+  CHECK((z == x || z == y));  // (y: freed last, kept for reuse at its size)
   a.deallocate(z, s1, true, 0);
   a.end_capture(s1);
   a.release_capture_pool(pool);
@@ -4619,6 +4632,166 @@ TEST_CASE("pool: a segment released while its addresses become another stream's 
 // streams, freed unnamed by another thread in a random order, each checked first; then a
 // double free and pointers into a block or beside the pool are refused, naming the
 // pointer and changing nothing. With and without expandable segments.
+// Freed small blocks wait unmerged for the next request of their size
+// (allocator_config::small_reuse_bytes, 1 MiB per cache by default): counted as cached
+// (inactive, split) at once and shown free and `kept` in snapshots; the next request of the
+// same rounded size takes the last one kept; a request that finds no free block merges them
+// all before the cache would grow; a double free of a kept block is refused; empty_cache
+// merges and releases them; over release_threshold nothing is kept. Contents written
+// before the free and after the reuse are checked.
+TEST_CASE_TEMPLATE("pool: freed small blocks are kept for the next request of their size, up to small_reuse_bytes", D,
+                   DEPOT_TEST_DEVICES)
+{
+  depot::allocator_config cfg = quiet_config<D>();
+  REQUIRE(cfg.small_reuse_bytes == MiB);
+  depot::detail::allocator_core a{std::make_unique<depot::device_upstream<D>>(0), cfg, depot::is_gpu_v<D>};
+  depot::stream<D> s;
+  const depot::native_stream ns = s.native();
+  const auto seed = depot::test::seed("pool kept blocks", 3);
+  std::mt19937_64 rng{seed};
+  struct kept_figures {
+    std::size_t blocks = 0;
+    std::int64_t bytes = 0;
+  };
+  const auto kept = [&] {
+    kept_figures k;
+    for (const auto& seg : a.snapshot().segments) {
+      for (const auto& b : seg.blocks) {
+        if (b.kept) {
+          CHECK(b.state == depot::block_state::free);
+          CHECK(b.requested == 0);
+          ++k.blocks;
+          k.bytes += static_cast<std::int64_t>(b.size);
+        }
+      }
+    }
+    return k;
+  };
+  const auto checked = [&] {
+    CHECK(a.check_small_bits() == "");
+    depot::test::check_invariants(a.stats(), a.snapshot());
+  };
+  // 32 blocks of 64 KiB: one whole segment, in address order.
+  std::vector<unsigned char*> p;
+  for (int i = 0; i < 32; ++i) p.push_back(static_cast<unsigned char*>(a.allocate(64 * KiB, ns)));
+  for (int i = 1; i < 32; ++i) REQUIRE(p[i] == p[0] + i * 64 * KiB);
+  REQUIRE(a.stats().num_segments.all.current == 1);
+  for (int i = 0; i < 32; ++i) fill_bytes<D>(p[i], 64 * KiB, static_cast<unsigned char>(i), s);
+  const auto full = a.stats();
+  // The even ones: 16 x 128 units, exactly 1 MiB, all kept (none merged, though the
+  // segment's index is empty and two kept blocks are free neighbours of p[1] below).
+  for (int i = 0; i < 32; i += 2) a.deallocate(p[i], ns, true, 0);
+  checked();
+  {
+    const auto st = a.stats();
+    const kept_figures k = kept();
+    CHECK(k.blocks == 16);
+    CHECK(k.bytes == static_cast<std::int64_t>(MiB));
+    CHECK(st.allocated_bytes.all.current == full.allocated_bytes.all.current - static_cast<std::int64_t>(MiB));
+    CHECK(st.active_bytes.all.current == full.active_bytes.all.current - static_cast<std::int64_t>(MiB));
+    CHECK(st.inactive_split_bytes.all.current == static_cast<std::int64_t>(MiB));
+    CHECK(st.reserved_bytes.all.current == full.reserved_bytes.all.current);
+    CHECK(st.largest_free_block == static_cast<std::int64_t>(64 * KiB));
+  }
+  {  // The JSON snapshot says which blocks are kept, and reads back the same.
+    const depot::allocator_snapshot snap = a.snapshot();
+    const std::string json = snap.to_json();
+    CHECK(json.find("\"kept\":true") != std::string::npos);
+    const auto round = depot::parse_snapshot(json);
+    REQUIRE(round.segments.size() == snap.segments.size());
+    for (std::size_t i = 0; i < snap.segments.size(); ++i) {
+      REQUIRE(round.segments[i].blocks.size() == snap.segments[i].blocks.size());
+      for (std::size_t j = 0; j < snap.segments[i].blocks.size(); ++j) {
+        CHECK(round.segments[i].blocks[j].kept == snap.segments[i].blocks[j].kept);
+      }
+    }
+    const std::string bad =
+        R"({"format":"depot.snapshot.v1","device":"host:0","segments":[{"address":0,"size":1024,"stream":0,"pool":"small","blocks":[{"address":0,"size":1024,"requested":8,"state":"allocated","kept":K}]}]})";
+    const auto with = [&](const char* k) { return std::string{bad}.replace(bad.find('K'), 1, k); };
+    CHECK(depot::parse_snapshot(with("false")).segments.size() == 1);
+    CHECK_THROWS_WITH_AS((void)depot::parse_snapshot(with("true")), doctest::Contains("'kept': true on a block that is not free"),
+                         depot::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)depot::parse_snapshot(with("1")), doctest::Contains("'kept': expected true or false"),
+                         depot::invalid_argument);
+  }
+  // A double free of a kept block, and record_stream on one: refused, nothing changed.
+  {
+    const auto before = a.stats();
+    CHECK_THROWS_AS(a.deallocate(p[4], ns, true, 0), depot::invalid_argument);
+    CHECK_THROWS_AS(a.deallocate(p[4], ns, false, 0), depot::invalid_argument);
+    CHECK_THROWS_AS(a.record_stream(p[4], ns), depot::invalid_argument);
+    CHECK(a.stats().allocated_bytes.all.current == before.allocated_bytes.all.current);
+    CHECK(kept().blocks == 16);
+    checked();
+  }
+  // The lists are full: p[1] merges as before (its kept neighbours stay as they are).
+  a.deallocate(p[1], ns, true, 0);
+  CHECK(kept().blocks == 16);
+  CHECK(a.stats().inactive_split_bytes.all.current == static_cast<std::int64_t>(MiB + 64 * KiB));
+  checked();
+  // The next request of 128 units takes the last block kept (p[30]): a hit, no index.
+  const auto hits = a.stats().num_cache_hits;
+  const auto misses = a.stats().num_cache_misses;
+  auto* q = static_cast<unsigned char*>(a.allocate(64 * KiB - 100, ns));
+  CHECK(q == p[30]);
+  CHECK(a.stats().num_cache_hits == hits + 1);
+  CHECK(a.stats().num_cache_misses == misses);
+  CHECK(a.stats().requested_bytes.all.current ==
+        full.requested_bytes.all.current - static_cast<std::int64_t>(16 * 64 * KiB + 100));
+  CHECK(kept().blocks == 15);
+  checked();
+  fill_bytes<D>(q, 64 * KiB - 100, 0xC3, s);
+  // 48 KiB: none kept of that size; the free index has p[1]'s block, split.
+  auto* r1 = static_cast<unsigned char*>(a.allocate(48 * KiB, ns));
+  CHECK(r1 == p[1]);
+  CHECK(kept().blocks == 15);
+  // 48 KiB again: the index has 16 KiB only. The kept blocks are merged (with p[1]'s rest
+  // too) and the request served from them: no new segment, no miss.
+  auto* r2 = static_cast<unsigned char*>(a.allocate(48 * KiB, ns));
+  CHECK(kept().blocks == 0);
+  CHECK(a.stats().num_segments.all.current == 1);
+  CHECK(a.stats().num_cache_misses == misses);
+  CHECK(r2 >= p[0]);
+  CHECK(r2 < p[0] + 2 * MiB);
+  checked();
+  // The odd blocks kept their contents through all of it; q and r1 theirs.
+  fill_bytes<D>(r1, 48 * KiB, 0x5A, s);
+  fill_bytes<D>(r2, 48 * KiB, 0xA5, s);
+  for (int i = 3; i < 32; i += 2) CHECK(check_bytes<D>(p[i], 64 * KiB, static_cast<unsigned char>(i), rng));
+  CHECK(check_bytes<D>(q, 64 * KiB - 100, 0xC3, rng));
+  CHECK(check_bytes<D>(r1, 48 * KiB, 0x5A, rng));
+  CHECK(check_bytes<D>(r2, 48 * KiB, 0xA5, rng));
+  // Everything freed: up to 1 MiB kept again; empty_cache merges them and releases the segment.
+  for (int i = 3; i < 32; i += 2) a.deallocate(p[i], ns, true, 0);
+  a.deallocate(q, ns, true, 0);
+  a.deallocate(r1, ns, true, 0);
+  a.deallocate(r2, ns, true, 0);
+  CHECK(kept().bytes > 0);
+  CHECK(kept().bytes <= static_cast<std::int64_t>(MiB));
+  checked();
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+  CHECK(a.stats().inactive_split_bytes.all.current == 0);
+  checked();
+
+  SUBCASE("over release_threshold, nothing is kept") {
+    depot::allocator_config t = quiet_config<D>();
+    t.release_threshold = 0;
+    depot::detail::allocator_core b{std::make_unique<depot::device_upstream<D>>(0), t, depot::is_gpu_v<D>};
+    void* x = b.allocate(4 * KiB, ns);
+    void* y = b.allocate(4 * KiB, ns);
+    b.deallocate(x, ns, true, 0);
+    for (const auto& seg : b.snapshot().segments) {
+      for (const auto& blk : seg.blocks) CHECK_FALSE(blk.kept);
+    }
+    // x merged with the segment's free rest: every byte but y's is one free block
+    CHECK(b.stats().inactive_split_bytes.all.current == static_cast<std::int64_t>(2 * MiB - 4 * KiB));
+    b.deallocate(y, ns, true, 0);  // merged, the segment whole free, released
+    CHECK(b.stats().reserved_bytes.all.current == 0);
+    CHECK(b.check_small_bits() == "");
+  }
+}
+
 // A free of a dense block (<= 64 KiB) merges with its free neighbours as the segment's
 // bitmap of free heads says (the previous block's head found by the distance back its
 // entry keeps): merges with blocks of 128 to 1 664 units, at the segment's first and last
@@ -4627,8 +4800,9 @@ TEST_CASE("pool: a segment released while its addresses become another stream's 
 TEST_CASE_TEMPLATE("pool: dense blocks merge with free neighbours on either side, near and far", D,
                    DEPOT_TEST_DEVICES)
 {
-  depot::detail::allocator_core a{std::make_unique<depot::device_upstream<D>>(0), quiet_config<D>(),
-                                  depot::is_gpu_v<D>};
+  depot::allocator_config cfg = quiet_config<D>();
+  cfg.small_reuse_bytes = 0;  // every free merges at once (the kept blocks: their own test)
+  depot::detail::allocator_core a{std::make_unique<depot::device_upstream<D>>(0), cfg, depot::is_gpu_v<D>};
   depot::stream<D> s;
   const depot::native_stream ns = s.native();
   const auto free_block_at = [&](const void* p) -> std::size_t {  // its size if a free block starts at p, else 0
@@ -5608,10 +5782,14 @@ TEST_CASE_TEMPLATE("pool: four threads sharing four streams, and a reader of the
   CHECK(inconsistent.load() == 0);
   const depot::memory_stats st = a.stats();
   for (const depot::stat_array* x : {&st.allocated_bytes, &st.requested_bytes, &st.active_bytes,
-                                     &st.num_allocations, &st.inactive_split_bytes}) {
+                                     &st.num_allocations}) {
     CHECK(x->all.current == 0);
     CHECK(x->all.freed == x->all.allocated);
   }
+  // (inactive split bytes: those of the blocks kept for reuse, which check_invariants
+  // compares with the snapshot's; none once they are merged)
+  a.empty_cache();
+  CHECK(a.stats().inactive_split_bytes.all.current == 0);
   CHECK(st.requested_bytes.all.allocated == requested_peak_bound.load());
   CHECK(st.requested_bytes.all.peak > 0);
   CHECK(st.requested_bytes.all.peak <= requested_peak_bound.load());
@@ -6051,6 +6229,10 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
   CHECK(odd_round.release_threshold == 65537);
   CHECK(odd_round.stats_batch == 0);
   CHECK(allocator_config::parse("stats_batch:1TiB").stats_batch == std::size_t{1} << 40);
+  CHECK(allocator_config{}.small_reuse_bytes == MiB);
+  CHECK(allocator_config::parse("small_reuse_bytes:0").small_reuse_bytes == 0);
+  CHECK(allocator_config::parse("small_reuse_bytes:64MiB").small_reuse_bytes == 64 * MiB);
+  CHECK(allocator_config::parse(allocator_config::parse("small_reuse_bytes:1000").to_string()).small_reuse_bytes == 1000);
   CHECK(allocator_config::parse("").max_split_size == std::numeric_limits<std::size_t>::max());
   CHECK(allocator_config::parse("max_split_size:512MiB").max_split_size == 512 * MiB);
   CHECK(allocator_config::parse("max_split_size:2GiB").max_split_size == 2048 * MiB);
@@ -6153,6 +6335,9 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
       {"steal_threshold_mb:1.5", "steal_threshold_mb"},
       {"steal_threshold_mb:2000000000", "[0, 2^30]"},
       {"stats_batch:2TiB", "[0, 1TiB]"},
+      {"small_reuse_bytes:65MiB", "[0, 64MiB]"},
+      {"small_reuse_bytes:-1", "small_reuse_bytes"},
+      {"small_reuse_bytes:lots", "small_reuse_bytes"},
       {"stats_batch:-1", "stats_batch"},
       {"stats_batch:16MB", "e.g. 16MiB"},
   };

@@ -74,6 +74,15 @@ struct allocator_config {
   // finds it locked or biased (0: publish every operation, exact peaks, one shared write per
   // operation). Key stats_batch (bytes, with suffixes, at most 1TiB). Default 16 MiB.
   std::size_t stats_batch = std::size_t{16} << 20;
+  // Freed small blocks (64 KiB or less) of each stream's cache wait unmerged, up to this
+  // many bytes per cache, for the next request of the same rounded size: such a free and
+  // reuse skip the free index and the merging with neighbours. They count as cached
+  // (inactive, split) at once, and are merged when a request of the cache finds no free
+  // block, before memory is released (empty_cache, release_threshold, out-of-memory
+  // retries), when another stream takes segments over, and when the stream is destroyed;
+  // snapshots show them as free blocks beside free neighbours. 0: every free merges at
+  // once. Key small_reuse_bytes (bytes, with suffixes, at most 64 MiB). Default 1 MiB.
+  std::size_t small_reuse_bytes = std::size_t{1} << 20;
   // Large-pool memory of each stream comes from one expandable segment: a range of
   // addresses as large as the allowed total, reserved once, into which memory is mapped in
   // pages (2 MiB on the host and on current GPUs) as it is needed and unmapped from its end

@@ -38,6 +38,10 @@ struct block_info {
   std::size_t size = 0;       // bytes the block spans
   std::size_t requested = 0;  // bytes asked for (0 unless allocated or pending)
   block_state state = block_state::free;
+  // A free small block kept unmerged for the next request of its size
+  // (allocator_config::small_reuse_bytes): the one kind of free block that may lie beside
+  // another free block.
+  bool kept = false;
 };
 
 // One upstream allocation and the blocks it is cut into, in address order.
