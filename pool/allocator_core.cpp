@@ -1519,8 +1519,10 @@ struct block_ref {
 };
 
 struct stream_cache {
-  stream_cache(native_stream s, const segment_table& t, std::size_t stats_batch, bool biased_lock)
-      : stream{s}, mu{biased_lock}, small{t}, delta{std::make_unique<stat_delta>(stats_batch, mu)}
+  stream_cache(native_stream s, const segment_table& t, const allocator_config& cfg)
+      : stream{s}, mu{cfg.biased_locks}, small{t},
+        reuse_cap{static_cast<std::uint32_t>(cfg.small_reuse_bytes >> k_unit_shift)},
+        delta{std::make_unique<stat_delta>(cfg.stats_batch, mu)}
   {
   }
   // Its stream: a pool's changes when a capture on another takes it up, a closed stream's
@@ -1554,7 +1556,7 @@ struct stream_cache {
     return a;
   }();
   std::uint32_t reuse_units = 0;
-  std::uint32_t reuse_cap = 0;
+  const std::uint32_t reuse_cap;             // allocator_config::small_reuse_bytes in units
   segment* segments = nullptr;               // linked segments
   segment* growing = nullptr;                // its expandable segment, which grows (one of `segments`)
   hole_index holes;                          // k_unmapped blocks of its segments, by room
@@ -2243,8 +2245,7 @@ struct allocator_core::impl {
         try {
           c = take_spare(s);
           if (c == nullptr) {
-            auto fresh = std::make_unique<stream_cache>(s, small_table, cfg.stats_batch, cfg.biased_locks);
-            fresh->reuse_cap = static_cast<std::uint32_t>(cfg.small_reuse_bytes >> k_unit_shift);
+            auto fresh = std::make_unique<stream_cache>(s, small_table, cfg);
             caches.reserve(caches.size() + 1);
             c = fresh.get();
             caches.push_back(std::move(fresh));  // (reserved)
@@ -3300,6 +3301,13 @@ struct allocator_core::impl {
   static bool built_in(native_stream s) noexcept { return reinterpret_cast<std::uintptr_t>(s) <= 2; }
   // Whether work may still be queued on s: a built-in stream, or one stream_registry lists.
   bool stream_lives(native_stream s) const noexcept { return built_in(s) || stream_registry::live(streams_of.kind, s); }
+  // A stream other than c's own, for ordering a block of c on it: a different handle, or
+  // c's own handle on a closed cache when it is live again (the backend gave the
+  // destroyed stream's handle to a new stream, whose work the fence does not cover).
+  bool another_stream(const stream_cache& c, native_stream s) const noexcept
+  {
+    return s != c.stream || (c.closed && stream_lives(s));
+  }
 
   // Makes `wait(event)` (a stream's wait or the host's) follow the last uses of the free
   // memory that cache c holds (caller holds c's lock). c's fence once it was closed (nothing
@@ -4772,9 +4780,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
   const native_stream order = stream_given ? stream : c.stream;
   // A named free into a closed cache on a live stream is ordered on it too: a released
   // pool's cache is in no stream's place, so no reopen orders it.
-  const bool named_apart =
-      stream_given && (stream != c.stream ||
-                       (c.closed && m.stream_lives(stream)));
+  const bool named_apart = stream_given && m.another_stream(c, stream);
   if ((named_apart || c.released) &&
       (uses == nullptr || std::find(uses->begin(), uses->end(), order) == uses->end())) {
     try {
@@ -4860,11 +4866,10 @@ void allocator_core::record_stream(void* ptr, native_stream stream)
   impl& m = *impl_;
   auto [b, lock] = m.lookup(ptr, m.hint_for(stream, false), false);
   stream_cache& c = impl::cache_of(b);
-  // Its own stream: nothing to list. But a closed cache's handle that is live again names
-  // a new stream (the backend gave the destroyed one's handle to the next), other than the
-  // one the block's frees are ordered on (the dead one, before the fence): listed as a use,
-  // so a free records an event there (as a free named on that handle is ordered there).
-  if (stream == c.stream && !(c.closed && m.stream_lives(stream))) return;
+  // Its own stream: nothing to list. A closed cache's handle that is live again counts as
+  // another stream (another_stream), as for a free named on it: listed, so a free records
+  // an event there.
+  if (!m.another_stream(c, stream)) return;
   m.uses_listed.store(true, std::memory_order_relaxed);
   std::vector<native_stream>* uses = impl::uses_of(c, b, true);
   if (std::find(uses->begin(), uses->end(), stream) == uses->end()) uses->push_back(stream);
@@ -4910,8 +4915,7 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
     }
     std::unique_ptr<stream_cache> fresh;
     if (st == nullptr) {
-      fresh = std::make_unique<stream_cache>(stream, m.small_table, m.cfg.stats_batch, m.cfg.biased_locks);
-      fresh->reuse_cap = static_cast<std::uint32_t>(m.cfg.small_reuse_bytes >> k_unit_shift);
+      fresh = std::make_unique<stream_cache>(stream, m.small_table, m.cfg);
       fresh->capture_pool = m.next_pool;
     }
     auto placed = m.by_stream.try_emplace(stream, nullptr);  // (may throw: nothing changed yet)

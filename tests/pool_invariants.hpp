@@ -89,4 +89,28 @@ void check_invariants(const depot::caching_allocator<D>& a)
   check_invariants(a.stats(), a.snapshot());
 }
 
+// The free small blocks a snapshot marks kept for reuse at their size
+// (allocator_config::small_reuse_bytes): how many, and their bytes. Checks that each is
+// free with no requested size.
+struct kept_blocks {
+  std::size_t blocks = 0;
+  std::int64_t bytes = 0;
+};
+
+inline kept_blocks kept_in(const depot::allocator_snapshot& snap)
+{
+  kept_blocks k;
+  for (const auto& seg : snap.segments) {
+    for (const auto& b : seg.blocks) {
+      if (b.kept) {
+        CHECK(b.state == depot::block_state::free);
+        CHECK(b.requested == 0);
+        ++k.blocks;
+        k.bytes += static_cast<std::int64_t>(b.size);
+      }
+    }
+  }
+  return k;
+}
+
 }  // namespace depot::test

@@ -621,10 +621,7 @@ TEST_CASE_TEMPLATE("pool: pointers inside or beside live blocks are refused in e
   CHECK(end.allocated_bytes.all.current == 0);
   // every neighbour merged back, but for the small blocks kept for reuse at their size
   // (allocator_config::small_reuse_bytes), which the snapshot names
-  std::int64_t kept = 0;
-  for (const auto& seg : a.snapshot().segments) {
-    for (const auto& b : seg.blocks) kept += b.kept ? static_cast<std::int64_t>(b.size) : 0;
-  }
+  const std::int64_t kept = depot::test::kept_in(a.snapshot()).bytes;
   CHECK(kept > 0);  // (4 B and 3 KiB, twice each, and two of 64 KiB)
   CHECK(end.inactive_split_bytes.all.current >= kept);
   a.empty_cache();  // merges them, and releases every segment
@@ -4649,24 +4646,7 @@ TEST_CASE_TEMPLATE("pool: freed small blocks are kept for the next request of th
   const depot::native_stream ns = s.native();
   const auto seed = depot::test::seed("pool kept blocks", 3);
   std::mt19937_64 rng{seed};
-  struct kept_figures {
-    std::size_t blocks = 0;
-    std::int64_t bytes = 0;
-  };
-  const auto kept = [&] {
-    kept_figures k;
-    for (const auto& seg : a.snapshot().segments) {
-      for (const auto& b : seg.blocks) {
-        if (b.kept) {
-          CHECK(b.state == depot::block_state::free);
-          CHECK(b.requested == 0);
-          ++k.blocks;
-          k.bytes += static_cast<std::int64_t>(b.size);
-        }
-      }
-    }
-    return k;
-  };
+  const auto kept = [&] { return depot::test::kept_in(a.snapshot()); };
   const auto checked = [&] {
     CHECK(a.check_small_bits() == "");
     depot::test::check_invariants(a.stats(), a.snapshot());
@@ -4684,7 +4664,7 @@ TEST_CASE_TEMPLATE("pool: freed small blocks are kept for the next request of th
   checked();
   {
     const auto st = a.stats();
-    const kept_figures k = kept();
+    const depot::test::kept_blocks k = kept();
     CHECK(k.blocks == 16);
     CHECK(k.bytes == static_cast<std::int64_t>(MiB));
     CHECK(st.allocated_bytes.all.current == full.allocated_bytes.all.current - static_cast<std::int64_t>(MiB));
