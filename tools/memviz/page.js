@@ -10,8 +10,8 @@
   const root = document.documentElement;
   const PALETTE = ['#4e79a7', '#f28e2b', '#59a14f', '#e15759', '#76b7b2', '#edc948', '#b07aa1', '#ff9da7',
                    '#9c755f', '#bab0ac'];
-  const STATE_NAMES = ['allocated', 'pending_free', 'free', 'unmapped'];
-  const STATE_COLORS = ['#2f6fb5', '#f28e2b', '#dfe3ea', '#ffffff'];
+  const STATE_NAMES = ['allocated', 'pending_free', 'free', 'unmapped', 'free, kept for reuse'];
+  const STATE_COLORS = ['#2f6fb5', '#f28e2b', '#dfe3ea', '#ffffff', '#a6d8b4'];
   const DETAIL_MAX = 20000;  // draw single allocations when at most this many overlap the view
   const SHADES = 4;
 
@@ -605,7 +605,7 @@
     const { ctx } = g;
     const barX = SEG.label, barW = g.cssWidth - SEG.label - 12;
     let blocks = 0;
-    const counts = [0, 0, 0, 0];
+    const counts = [0, 0, 0, 0, 0];
     ctx.textBaseline = 'middle';
     for (let r = 0; r < rows; r++) {
       const s = segs[r];
@@ -634,9 +634,11 @@
     segCanvas.dataset.pending = String(counts[1]);
     segCanvas.dataset.free = String(counts[2]);
     segCanvas.dataset.unmapped = String(counts[3]);
+    segCanvas.dataset.kept = String(counts[4]);
     document.getElementById('segments-note').textContent =
       S.device + ': ' + S.segments + ' segments, ' + S.blocks + ' blocks, reserved ' + fmtBytes(S.reserved) +
       ', allocated ' + fmtBytes(S.allocated) + (S.pending_free ? ', pending free ' + fmtBytes(S.pending_free) : '') +
+      (S.kept ? ', free kept for reuse ' + fmtBytes(S.kept) : '') +
       (segs.length > rows ? ' (first ' + rows + ' segments shown)' : '') + '; each row is one segment, full width';
     const box = document.getElementById('segments-legend');
     box.textContent = '';

@@ -617,7 +617,7 @@ nlohmann::json snapshot_page_data(const allocator_snapshot& snapshot)
   std::vector<std::uintptr_t> streams;
   std::unordered_map<std::uintptr_t, std::uint32_t> stream_index;
   std::uintptr_t prev_address = 0;
-  std::size_t blocks = 0, reserved = 0, allocated = 0, pending = 0, largest_segment = 0;
+  std::size_t blocks = 0, reserved = 0, allocated = 0, pending = 0, kept = 0, largest_segment = 0;
   for (const segment_info& s : snapshot.segments) {
     auto [it, fresh] = stream_index.try_emplace(s.stream, static_cast<std::uint32_t>(streams.size()));
     if (fresh) streams.push_back(s.stream);
@@ -632,10 +632,12 @@ nlohmann::json snapshot_page_data(const allocator_snapshot& snapshot)
       p.put_delta(b.address, end);  // 0 when the blocks tile the segment
       p.put(b.size);
       p.put_delta(b.size, b.requested);
-      p.put(static_cast<std::uint64_t>(b.state));
+      // the state, or 4: a free block kept for reuse at its size (block_info::kept)
+      p.put(b.kept ? std::uint64_t{4} : static_cast<std::uint64_t>(b.state));
       end = b.address + b.size;
       if (b.state == block_state::allocated) allocated += b.size;
       if (b.state == block_state::pending_free) pending += b.size;
+      if (b.kept) kept += b.size;
     }
     blocks += s.blocks.size();
     reserved += s.size;
@@ -650,6 +652,7 @@ nlohmann::json snapshot_page_data(const allocator_snapshot& snapshot)
       {"reserved", reserved},
       {"allocated", allocated},
       {"pending_free", pending},
+      {"kept", kept},
       {"largest_segment", largest_segment},
       {"streams", stream_names},
       {"data", p.base64()},
