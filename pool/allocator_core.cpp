@@ -546,6 +546,8 @@ struct small_segment {
   void mark_free(unsigned u) noexcept { free_heads[u >> 6] |= std::uint64_t{1} << (u & 63U); }
   void mark_taken(unsigned u) noexcept { free_heads[u >> 6] &= ~(std::uint64_t{1} << (u & 63U)); }
   std::unique_ptr<std::uint64_t[]> t_alloc;  // allocation times, once tracing is on
+  // Its cache's steal_gen at its last merge of a freed block (0: unknown; steal).
+  std::uint64_t freed_gen = 0;
   std::uint32_t slot = 0;
   bool exported = false;  // shared with other processes: released only while no importer maps it
   std::int64_t* importers = nullptr;  // exported: its slot of importer_counts
@@ -622,6 +624,7 @@ class segment_table {
     s.exported = false;
     s.importers = nullptr;
     s.t_alloc.reset();
+    s.freed_gen = 0;
     free_.push_back(s.slot);
   }
 
@@ -1543,6 +1546,24 @@ struct stream_cache {
   // Atomic: stream_closing reads it without the lock first (fence_released), so that a
   // destruction need not lock every cache; written under the lock.
   std::atomic<bool> released{false};
+  // The order of steals (impl::order_steal). steal_gen: 1 + the events recorded on this
+  // cache's stream for steals from it; a free stamps the memory it returns with it (a
+  // dense segment's freed_gen, a free linked block's `requested`), so event n covers every
+  // free stamped n or less. waited: the events of other caches' streams this cache's
+  // stream waited for (cache id, steal_gen at the record), cleared when its stream changes.
+  std::uint64_t steal_gen = 1;
+  const std::uint64_t id = next_id();
+  struct waited_on {
+    std::uint64_t cache = 0;
+    std::uint64_t gen = 0;
+  };
+  std::array<waited_on, 4> waited{};
+  unsigned waited_next = 0;
+  static std::uint64_t next_id() noexcept
+  {
+    static std::atomic<std::uint64_t> ids{0};
+    return ids.fetch_add(1, std::memory_order_relaxed) + 1;
+  }
   cache_mutex mu;
   std::array<free_index, 2> pools;           // free linked blocks: [0] large, [1] small
   small_free_index small;                    // free blocks of dense small segments
@@ -2323,6 +2344,7 @@ struct allocator_core::impl {
       }
       if (const auto it = by_stream.find(c->stream); it != by_stream.end() && it->second == c) by_stream.erase(it);
       c->stream = s;
+      forget_waits(*c);
       if (c->held.load(std::memory_order_relaxed) == 0) {
         if (c->fence != nullptr) up->destroy_event(std::exchange(c->fence, nullptr));
         c->closed = false;
@@ -2567,7 +2589,6 @@ struct allocator_core::impl {
   [[gnu::always_inline]] void release_block(stream_cache& c, block* b, bool small)
   {
     c.delta->sub_active(small, b->size);
-    b->requested = 0;
     if (b->has_uses) {
       b->uses.clear();
       b->has_uses = false;
@@ -2591,6 +2612,7 @@ struct allocator_core::impl {
       unindex<true>(c, m, small);
       absorb<false>(c, b, m, merge);
     }
+    b->requested = k_freed_tag | c.steal_gen;  // (a free block's requested: when it was freed, for steal)
     index<true>(c, b, small);
     if (!c.holes.empty()) [[unlikely]] holes_beside(c, b);
     if (over_release_threshold(c)) [[unlikely]] {
@@ -3110,6 +3132,7 @@ struct allocator_core::impl {
       grew = true;
     }
     if (const unsigned after = u + e->size; grew && after < k_seg_units) s.units[after].prev = e->size;
+    s.freed_gen = c.steal_gen;  // (for steal)
     small_index(c, s, u);
     // The threshold first: releasable() reads the segment's first entry, a cache miss at
     // nearly every free of a random workload when no threshold is set.
@@ -3374,6 +3397,62 @@ struct allocator_core::impl {
     }
   }
 
+  // order_after() for a steal by c of memory of `other` last freed at `stamp` (other's
+  // steal_gen then; 0: unknown), both locked: from a live stream's cache, nothing to queue
+  // where c's stream already waited for an event recorded on other's stream after that
+  // free (one thread that alternates among streams takes whole free segments back and
+  // forth, most of them idle since an earlier steal's event: a record and a wait spared,
+  // ~2 driver calls); else an event there, counted in other's steal_gen and remembered
+  // as waited for by c.
+  void order_steal(stream_cache& other, stream_cache& c, std::uint64_t stamp)
+  {
+    if (!async) return;
+    if (other.closed || !stream_lives(other.stream)) {
+      order_after(other, c.stream);
+      return;
+    }
+    if (covered(c, other, stamp)) return;
+    const std::uint64_t gen = other.steal_gen;
+    try {
+      follow_stream(other.stream, [&](native_event e) { up->stream_wait(c.stream, e); });
+    } catch (const error&) {
+      up->synchronize_device();
+      return;
+    }
+    other.steal_gen = gen + 1;  // (frees from now on come after the event)
+    auto* slot = std::find_if(c.waited.begin(), c.waited.end(),
+                              [&](const stream_cache::waited_on& w) { return w.cache == other.id; });
+    if (slot == c.waited.end()) {
+      slot = &c.waited[c.waited_next];
+      c.waited_next = (c.waited_next + 1) % c.waited.size();
+    }
+    *slot = {other.id, gen};
+  }
+  // A free linked block's `requested` holds k_freed_tag | its cache's steal_gen when it was
+  // freed (release_block) or moved (steal); anything else there (0, a size left by a path
+  // that freed no used memory) reads as unknown: 0, which always waits.
+  static constexpr std::size_t k_freed_tag = std::size_t{1} << 63;
+  static std::uint64_t freed_gen(const block* b) noexcept
+  {
+    return (b->requested & k_freed_tag) != 0 ? b->requested & ~k_freed_tag : 0;
+  }
+  // Whether c's stream waited for an event of other's stream recorded after a free stamped
+  // `stamp` (0: unknown, never).
+  static bool covered(const stream_cache& c, const stream_cache& other, std::uint64_t stamp) noexcept
+  {
+    if (stamp == 0) return false;
+    for (const auto& w : c.waited) {
+      if (w.cache == other.id) return stamp <= w.gen;
+    }
+    return false;
+  }
+  // c's stream changed (or reopened): its earlier waits order another stream's work.
+  static void forget_waits(stream_cache& c) noexcept
+  {
+    c.waited = {};
+    c.waited_next = 0;
+  }
+
   // Blocks the host until the last uses of the free memory cache c holds are done (caller
   // holds c's lock). Unmapping pages does not wait for the work that uses them (cuMemUnmap
   // and hipMemUnmap do not, where cudaFree and hipFree wait for the device), and a block
@@ -3403,6 +3482,7 @@ struct allocator_core::impl {
       up->destroy_event(std::exchange(c.fence, nullptr));
     }
     c.closed = false;
+    forget_waits(c);
   }
 
   // stream_registry: `s` is about to be destroyed. Its cache (if any) records a fence at
@@ -3895,13 +3975,30 @@ struct allocator_core::impl {
             all ? from.size() : 1);
         if (n == 0) continue;
         c.reserve_small(n);  // may throw: nothing changed yet
-        order_after(*other, c.stream);
+        // From a live cache: one whole free segment, one that c's stream is already ordered
+        // after where there is one (no event), else the first.
+        const small_segment* pick = nullptr;
+        if (!all) {
+          for (const auto& d : from) {
+            if (!d.second->whole_free()) continue;
+            if (pick == nullptr) pick = d.second;
+            if (covered(c, *other, d.second->freed_gen)) {
+              pick = d.second;
+              break;
+            }
+          }
+        }
+        order_steal(*other, c, all ? 0 : pick->freed_gen);
         std::size_t left = n;
         c.take_small_from(
-            *other, [&left](const small_segment& s) { return left > 0 && s.whole_free() && (--left, true); },
+            *other,
+            [&left, pick](const small_segment& s) {
+              return left > 0 && s.whole_free() && (pick == nullptr || &s == pick) && (--left, true);
+            },
             [&](small_segment& s) {
               small_unindex(*other, s, 0);
               small_index(c, s, 0);
+              s.freed_gen = c.steal_gen;  // (in c's count from now on: ordered after c's stream now)
             });
       } else {
         const auto movable = [small](const segment* s) {
@@ -3911,22 +4008,32 @@ struct allocator_core::impl {
           unindex(*other, s->head);
           unlink_segment(*other, s);
           link_segment(c, s);
+          s->head->requested = k_freed_tag | c.steal_gen;  // (its free stamp, in c's count from now on)
           index(c, s->head);
           if (other->growing == s) other->growing = nullptr;  // (an expandable one grows where it is)
           if (s->reserved != 0 && c.growing == nullptr) c.growing = s;
         };
-        // One: the smallest that fits (when all move: the first movable one, where they start).
+        // One: the smallest that fits, of those c's stream is already ordered after where
+        // one fits (no event; host backend, 100 000 x 64 MiB on 4 streams: 31 % fewer events
+        // than the smallest of all), else of all (when all move: the first movable one,
+        // where they start).
         segment* best = nullptr;
+        segment* best_covered = nullptr;
         for (segment* s = other->segments; s != nullptr; s = s->lnext) {
           if (!movable(s)) continue;
           if (all) {
             best = s;
             break;
           }
-          if (s->size >= size && (best == nullptr || s->size < best->size)) best = s;
+          if (s->size < size) continue;
+          if (best == nullptr || s->size < best->size) best = s;
+          if (covered(c, *other, freed_gen(s->head)) && (best_covered == nullptr || s->size < best_covered->size)) {
+            best_covered = s;
+          }
         }
+        if (best_covered != nullptr) best = best_covered;
         if (best == nullptr) continue;
-        order_after(*other, c.stream);
+        order_steal(*other, c, all ? 0 : freed_gen(best->head));
         if (all) {
           for (segment* s = best; s != nullptr;) {
             segment* const next = s->lnext;  // (read before s moves to c's list)
@@ -4929,6 +5036,7 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
       const cache_lock g{m.figures, *st->cache};  // (frees of its blocks read its stream)
       if (!created && st->cache->stream != stream) m.hand_pool_over(*st->cache, stream);
       st->cache->stream = stream;
+      impl::forget_waits(*st->cache);
     }
     if (!created) ++st->users;  // an existing pool: one more use
     st->displaced = placed.second ? nullptr : placed.first->second;

@@ -2916,6 +2916,76 @@ TEST_CASE_TEMPLATE("pool: a stream destroyed while a live block lists it is wait
   check_invariants(a);
 }
 
+// A steal from a live stream orders the thief's stream after the victim's by an event
+// recorded there and a wait, unless the thief's stream already waited for an event of the
+// victim's stream recorded after the segment's last free: then nothing is queued. Each kind
+// of segment, filled by blocks that tile it (a 20 MiB large segment by one block, a linked
+// small one by two of 1 MiB, a dense one by 32 of 64 KiB).
+TEST_CASE("pool: a steal queues no event when the thief's stream already waited past the segment's last free")
+{
+  std::size_t n = 20 * MiB, per = 1;
+  SUBCASE("large pool") {}
+  SUBCASE("linked small segment") { n = 1 * MiB, per = 2; }
+  SUBCASE("dense small segment") { n = 64 * KiB, per = 32; }
+  CAPTURE(n);
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a = async_core(ev);
+  const auto s1 = fake_stream(0x1000);
+  const auto s2 = fake_stream(0x2000);
+  const depot::device_id dev = ev->streams;
+  depot::stream_registry::opened(dev, s1);
+  depot::stream_registry::opened(dev, s2);
+  const auto segments = [&] { return a.snapshot().segments.size(); };
+  const auto take = [&](depot::native_stream s, std::size_t k) {
+    std::vector<void*> v;
+    for (std::size_t i = 0; i < k; ++i) v.push_back(a.allocate(n, s));
+    return v;
+  };
+  const auto give = [&](std::vector<void*>& v, depot::native_stream s) {
+    for (void* p : v) a.deallocate(p, s, true, 0);
+    v.clear();
+  };
+  // Two segments on stream 1, freed there.
+  std::vector<void*> on1 = take(s1, 2 * per);
+  REQUIRE(segments() == 2);
+  give(on1, s1);
+  // Stream 2 takes both over: the first steal records an event on stream 1 (after both
+  // frees) and queues a wait on stream 2; the second is covered by that wait.
+  int recorded = ev->recorded, waits = ev->stream_waits;
+  std::vector<void*> on2 = take(s2, 2 * per);
+  CHECK(segments() == 2);  // taken over, not grown
+  CHECK(ev->recorded == recorded + 1);
+  CHECK(ev->last_record_stream == 0x1000);
+  CHECK(ev->stream_waits == waits + 1);
+  CHECK(ev->waiting_stream == 0x2000);
+  // Freed on stream 2, then stream 1 takes one back: an event on stream 2 (stream 1 never
+  // waited for one). Stream 2 then uses and frees its other segment: its last free comes
+  // after that event, so stream 1 taking it over needs a new one.
+  give(on2, s2);
+  recorded = ev->recorded;
+  waits = ev->stream_waits;
+  on1 = take(s1, per);
+  CHECK(ev->recorded == recorded + 1);
+  CHECK(ev->last_record_stream == 0x2000);
+  CHECK(ev->stream_waits == waits + 1);
+  CHECK(ev->waiting_stream == 0x1000);
+  on2 = take(s2, per);  // its own remaining segment
+  CHECK(ev->recorded == recorded + 1);
+  give(on2, s2);
+  std::vector<void*> more = take(s1, per);
+  CHECK(segments() == 2);
+  CHECK(ev->recorded == recorded + 2);  // not covered: freed after the wait
+  CHECK(ev->last_record_stream == 0x2000);
+  CHECK(ev->stream_waits == waits + 2);
+  give(on1, s1);
+  give(more, s1);
+  check_invariants(a.stats(), a.snapshot());
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+  depot::stream_registry::closing(dev, s1);
+  depot::stream_registry::closing(dev, s2);
+}
+
 // A block a capture allocated, still live when its pool was released (the pool's cache is
 // then closed, its memory any stream's), freed after on the capture's stream (named, or
 // unnamed: ordered on its allocation's stream), which is live: the free waits for that
