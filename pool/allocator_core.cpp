@@ -3934,7 +3934,8 @@ struct allocator_core::impl {
   // large) moves at once: one order (an event, or a device synchronisation) for all of
   // them, where one per segment cost a synchronisation per segment to a thread that moved
   // to a new stream (a benchmark's repetition, a code that makes a stream per phase). From a
-  // live stream's cache one moves, the smallest that fits (a dense one: any): taking all
+  // live stream's cache one moves, the smallest that fits (a dense one: any), one whose
+  // last free c's stream is already ordered after where there is one (order_steal): taking all
   // made one thread alternating among 4 streams take memory over at 9.6 % of its
   // allocations at requests to 64 MiB, back and forth; one, at 2.1 %. (Taking the victim's
   // spare block records along measured slower: they are cold.) Both caches are locked with
