@@ -1559,6 +1559,31 @@ struct stream_cache {
   };
   std::array<waited_on, 4> waited{};
   unsigned waited_next = 0;
+  // The remembered wait for an event of cache `cache`'s stream, or nullptr.
+  waited_on* wait_for(std::uint64_t cache) noexcept
+  {
+    for (auto& w : waited) {
+      if (w.cache == cache) return &w;
+    }
+    return nullptr;
+  }
+  const waited_on* wait_for(std::uint64_t cache) const noexcept
+  {
+    return const_cast<stream_cache*>(this)->wait_for(cache);
+  }
+  // Its stream's earlier waits order another stream's work (a new stream, a reopen, a
+  // capture: captured work runs where the graph is launched, after none of them).
+  void forget_waits() noexcept
+  {
+    waited = {};
+    waited_next = 0;
+  }
+  // The cache serves stream s from now on (caller holds the lock).
+  void set_stream(native_stream s) noexcept
+  {
+    stream = s;
+    forget_waits();
+  }
   static std::uint64_t next_id() noexcept
   {
     static std::atomic<std::uint64_t> ids{0};
@@ -2343,8 +2368,7 @@ struct allocator_core::impl {
         continue;
       }
       if (const auto it = by_stream.find(c->stream); it != by_stream.end() && it->second == c) by_stream.erase(it);
-      c->stream = s;
-      forget_waits(*c);
+      c->set_stream(s);
       if (c->held.load(std::memory_order_relaxed) == 0) {
         if (c->fence != nullptr) up->destroy_event(std::exchange(c->fence, nullptr));
         c->closed = false;
@@ -2612,7 +2636,7 @@ struct allocator_core::impl {
       unindex<true>(c, m, small);
       absorb<false>(c, b, m, merge);
     }
-    b->requested = k_freed_tag | c.steal_gen;  // (a free block's requested: when it was freed, for steal)
+    b->requested = freed_stamp(c);  // (a free block's requested: when it was freed, for steal)
     index<true>(c, b, small);
     if (!c.holes.empty()) [[unlikely]] holes_beside(c, b);
     if (over_release_threshold(c)) [[unlikely]] {
@@ -3420,9 +3444,8 @@ struct allocator_core::impl {
       return;
     }
     other.steal_gen = gen + 1;  // (frees from now on come after the event)
-    auto* slot = std::find_if(c.waited.begin(), c.waited.end(),
-                              [&](const stream_cache::waited_on& w) { return w.cache == other.id; });
-    if (slot == c.waited.end()) {
+    auto* slot = c.wait_for(other.id);
+    if (slot == nullptr) {
       slot = &c.waited[c.waited_next];
       c.waited_next = (c.waited_next + 1) % c.waited.size();
     }
@@ -3436,21 +3459,15 @@ struct allocator_core::impl {
   {
     return (b->requested & k_freed_tag) != 0 ? b->requested & ~k_freed_tag : 0;
   }
+  // The stamp of a linked block freed into c now (freed_gen's inverse).
+  static std::size_t freed_stamp(const stream_cache& c) noexcept { return k_freed_tag | c.steal_gen; }
   // Whether c's stream waited for an event of other's stream recorded after a free stamped
   // `stamp` (0: unknown, never).
   static bool covered(const stream_cache& c, const stream_cache& other, std::uint64_t stamp) noexcept
   {
     if (stamp == 0) return false;
-    for (const auto& w : c.waited) {
-      if (w.cache == other.id) return stamp <= w.gen;
-    }
-    return false;
-  }
-  // c's stream changed (or reopened): its earlier waits order another stream's work.
-  static void forget_waits(stream_cache& c) noexcept
-  {
-    c.waited = {};
-    c.waited_next = 0;
+    const auto* w = c.wait_for(other.id);
+    return w != nullptr && stamp <= w->gen;
   }
 
   // Blocks the host until the last uses of the free memory cache c holds are done (caller
@@ -3482,7 +3499,7 @@ struct allocator_core::impl {
       up->destroy_event(std::exchange(c.fence, nullptr));
     }
     c.closed = false;
-    forget_waits(c);
+    c.forget_waits();
   }
 
   // stream_registry: `s` is about to be destroyed. Its cache (if any) records a fence at
@@ -4009,7 +4026,7 @@ struct allocator_core::impl {
           unindex(*other, s->head);
           unlink_segment(*other, s);
           link_segment(c, s);
-          s->head->requested = k_freed_tag | c.steal_gen;  // (its free stamp, in c's count from now on)
+          s->head->requested = freed_stamp(c);  // (its free stamp, in c's count from now on)
           index(c, s->head);
           if (other->growing == s) other->growing = nullptr;  // (an expandable one grows where it is)
           if (s->reserved != 0 && c.growing == nullptr) c.growing = s;
@@ -5036,8 +5053,7 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
     {
       const cache_lock g{m.figures, *st->cache};  // (frees of its blocks read its stream)
       if (!created && st->cache->stream != stream) m.hand_pool_over(*st->cache, stream);
-      st->cache->stream = stream;
-      impl::forget_waits(*st->cache);
+      st->cache->set_stream(stream);  // (its waits forgotten even where the stream is the same)
     }
     if (!created) ++st->users;  // an existing pool: one more use
     st->displaced = placed.second ? nullptr : placed.first->second;
