@@ -462,6 +462,8 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
           rows.back()["allocated_peak_bytes"] = st.allocated_bytes.all.peak;
           rows.back()["cache_misses"] = st.num_cache_misses;
           rows.back()["segments_peak"] = st.num_segments.all.peak;
+          rows.back()["segments_moved"] = st.num_segments_moved;  // between the streams' caches
+          rows.back()["move_events"] = st.num_move_events;
         }
       }
       std::printf("\n");

@@ -261,6 +261,8 @@ depot_memory_stats to_c(const depot::memory_stats& s) noexcept
   out.peak_cached = s.peak_cached;
   out.num_alloc_retries = s.num_alloc_retries;
   out.num_ooms = s.num_ooms;
+  out.num_segments_moved = s.num_segments_moved;
+  out.num_move_events = s.num_move_events;
   out.largest_free_block = s.largest_free_block;
   out.fragmentation = s.fragmentation;
   return out;

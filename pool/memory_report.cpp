@@ -206,7 +206,7 @@ std::string allocator_core::summary() const
              format_bytes(unmapped) + " unmapped inside\n";
     }
   }
-  char line[160];
+  char line[320];
   std::snprintf(line, sizeof line, "%-22s %-6s %12s %12s %12s %12s\n", "", "pool", "current", "peak",
                 "allocated", "freed");
   out += line;
@@ -238,10 +238,12 @@ std::string allocator_core::summary() const
   count_row("segments", s.num_segments);
   std::snprintf(line, sizeof line,
                 "cache hits %lld, misses %lld (hit rate %.1f%%); alloc retries %lld, OOMs %lld\n"
+                "segments moved between streams %lld (events recorded for them %lld)\n"
                 "largest free block %s, fragmentation %.3f\n",
                 static_cast<long long>(s.num_cache_hits), static_cast<long long>(s.num_cache_misses),
                 100.0 * s.cache_hit_rate, static_cast<long long>(s.num_alloc_retries),
-                static_cast<long long>(s.num_ooms),
+                static_cast<long long>(s.num_ooms), static_cast<long long>(s.num_segments_moved),
+                static_cast<long long>(s.num_move_events),
                 format_bytes(static_cast<std::size_t>(s.largest_free_block)).c_str(), s.fragmentation);
   out += line;
   return out;

@@ -2936,6 +2936,9 @@ TEST_CASE("pool: a steal queues no event when the thief's stream already waited 
   depot::stream_registry::opened(dev, s1);
   depot::stream_registry::opened(dev, s2);
   const auto segments = [&] { return a.snapshot().segments.size(); };
+  // memory_stats counts the moves and their events (num_segments_moved, num_move_events).
+  const auto moved = [&] { return a.stats().num_segments_moved; };
+  const auto move_events = [&] { return a.stats().num_move_events; };
   const auto take = [&](depot::native_stream s, std::size_t k) {
     std::vector<void*> v;
     for (std::size_t i = 0; i < k; ++i) v.push_back(a.allocate(n, s));
@@ -2958,6 +2961,8 @@ TEST_CASE("pool: a steal queues no event when the thief's stream already waited 
   CHECK(ev->last_record_stream == 0x1000);
   CHECK(ev->stream_waits == waits + 1);
   CHECK(ev->waiting_stream == 0x2000);
+  CHECK(moved() == 2);
+  CHECK(move_events() == 1);
   // Freed on stream 2, then stream 1 takes one back: an event on stream 2 (stream 1 never
   // waited for one). Stream 2 then uses and frees its other segment: its last free comes
   // after that event, so stream 1 taking it over needs a new one.
@@ -2977,12 +2982,25 @@ TEST_CASE("pool: a steal queues no event when the thief's stream already waited 
   CHECK(ev->recorded == recorded + 2);  // not covered: freed after the wait
   CHECK(ev->last_record_stream == 0x2000);
   CHECK(ev->stream_waits == waits + 2);
+  CHECK(moved() == 4);
+  CHECK(move_events() == 3);
+  CHECK(a.summary().find("segments moved between streams 4 (events recorded for them 3)") != std::string::npos);
   give(on1, s1);
   give(more, s1);
+  // Stream 1 destroyed with both segments free in its cache: stream 2's next miss takes
+  // them over at once, ordered by the fence recorded at the destruction (no move event).
+  depot::stream_registry::closing(dev, s1);
+  on2 = take(s2, 2 * per);
+  CHECK(segments() == 2);
+  CHECK(moved() == 6);
+  CHECK(move_events() == 3);
+  give(on2, s2);
   check_invariants(a.stats(), a.snapshot());
+  a.reset_memory_stats();  // both counters restart, as the other totals do
+  CHECK(moved() == 0);
+  CHECK(move_events() == 0);
   a.empty_cache();
   CHECK(a.stats().reserved_bytes.all.current == 0);
-  depot::stream_registry::closing(dev, s1);
   depot::stream_registry::closing(dev, s2);
 }
 

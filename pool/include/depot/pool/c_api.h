@@ -80,6 +80,8 @@ typedef struct depot_memory_stats {
   int64_t num_ooms;
   int64_t largest_free_block;
   double fragmentation;
+  int64_t num_segments_moved; /* memory_stats::num_segments_moved */
+  int64_t num_move_events;    /* memory_stats::num_move_events */
 } depot_memory_stats;
 
 /* Devices of backend `kind` (0 where it has none; DEPOT_ERROR_NOT_SUPPORTED, with *count

@@ -50,6 +50,13 @@ struct memory_stats {
   std::int64_t peak_cached = 0;     // cached_bytes.all.peak
   std::int64_t num_alloc_retries = 0;  // upstream failures followed by a cache flush + retry
   std::int64_t num_ooms = 0;           // out_of_memory thrown to callers (not those a handler recovered)
+  // Whole free segments moved from one stream's cache to another's that missed, in place
+  // of new memory: a destroyed stream's (all at once), or a live stream's (one per miss);
+  // and the events recorded on live streams to order those moves after their work (a move
+  // the taking stream is already ordered after needs none; a destroyed stream's fence is
+  // recorded once, when it is destroyed). Each event is a record and a stream wait.
+  std::int64_t num_segments_moved = 0;
+  std::int64_t num_move_events = 0;
   std::int64_t largest_free_block = 0;
   // 1 - largest free block / total free bytes: 0 when the free memory is one piece (or
   // there is none), near 1 when it is scattered in pieces too small for big requests.
