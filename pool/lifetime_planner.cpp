@@ -679,7 +679,8 @@ lifetime_planner::lifetime_planner(const recorded_trace& trace, std::size_t alig
       case trace_kind::segment_allocate:
       case trace_kind::segment_free:
       case trace_kind::segment_map:
-      case trace_kind::segment_unmap: break;
+      case trace_kind::segment_unmap:
+      case trace_kind::segment_move: break;
     }
   }
   const std::uint64_t end = trace.events.size();

@@ -161,6 +161,7 @@ std::string allocator_core::trace_json() const
     w.open('{');
     w.member("address", std::uint64_t{e.address});
     if (e.kind == trace_kind::allocate) w.member("cache_hit", e.cache_hit);
+    if (e.kind == trace_kind::segment_move) w.member("from_stream", std::uint64_t{e.from_stream});
     w.member("kind", to_string(e.kind));
     if (e.kind == trace_kind::free) w.member("lifetime_ns", std::uint64_t{e.lifetime_ns});
     w.member("requested", std::uint64_t{e.requested});

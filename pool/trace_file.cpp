@@ -271,7 +271,7 @@ std::optional<trace_kind> kind_from_name(std::string_view s)
 {
   for (trace_kind k : {trace_kind::allocate, trace_kind::free, trace_kind::segment_allocate,
                        trace_kind::segment_free, trace_kind::segment_map, trace_kind::segment_unmap,
-                       trace_kind::out_of_memory}) {
+                       trace_kind::segment_move, trace_kind::out_of_memory}) {
     if (to_string(k) == s) return k;
   }
   return std::nullopt;
@@ -456,16 +456,18 @@ class trace_sax {
  private:
   enum class where { start, top, top_value, events, event, event_value, done };
   enum class value_kind { unsigned_int, boolean, string, other };
-  static constexpr int field_count = 9;
+  static constexpr int field_count = 10;
   static constexpr const char* field_names[field_count] = {
-      "kind", "time_ns", "address", "size", "requested", "stream", "thread", "cache_hit", "lifetime_ns"};
-  enum field : int { f_kind, f_time, f_address, f_size, f_requested, f_stream, f_thread, f_cache_hit, f_lifetime };
+      "kind", "time_ns", "address", "size", "requested", "stream", "thread", "cache_hit", "lifetime_ns", "from_stream"};
+  enum field : int {
+    f_kind, f_time, f_address, f_size, f_requested, f_stream, f_thread, f_cache_hit, f_lifetime, f_from_stream
+  };
 
   std::string event_where() const { return "event " + std::to_string(out_.events.size()) + ": "; }
 
   [[noreturn]] void field_error(const std::string& got)
   {
-    const char* expected = field_index_ == f_kind        ? "one of alloc, free, segment_alloc, segment_free, segment_map, segment_unmap, oom"
+    const char* expected = field_index_ == f_kind        ? "one of alloc, free, segment_alloc, segment_free, segment_map, segment_unmap, segment_move, oom"
                            : field_index_ == f_cache_hit ? "true or false"
                                                          : "a non-negative integer";
     fail(name_, event_where() + "field '" + field_ + "': expected " + expected + ", got " + got);
@@ -511,6 +513,7 @@ class trace_sax {
             case f_stream: current_.stream = static_cast<std::uintptr_t>(u); break;
             case f_thread: current_.thread = u; break;
             case f_lifetime: current_.lifetime_ns = u; break;
+            case f_from_stream: current_.from_stream = static_cast<std::uintptr_t>(u); break;
             default: break;
           }
         }
@@ -941,6 +944,7 @@ std::string recorded_trace::to_json() const
            ",\"stream\":" + std::to_string(e.stream) + ",\"thread\":" + std::to_string(e.thread);
     if (e.kind == trace_kind::allocate) out += e.cache_hit ? ",\"cache_hit\":true" : ",\"cache_hit\":false";
     if (e.kind == trace_kind::free) out += ",\"lifetime_ns\":" + std::to_string(e.lifetime_ns);
+    if (e.kind == trace_kind::segment_move) out += ",\"from_stream\":" + std::to_string(e.from_stream);
     out += '}';
   }
   out += "]}";

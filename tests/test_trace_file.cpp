@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <depot/hal/invalid_argument.hpp>
+#include <depot/hal/stream.hpp>
 #include <depot/pool/caching_allocator.hpp>
 #include <depot/pool/trace_file.hpp>
 
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,7 +30,7 @@ bool same_event(const depot::trace_event& a, const depot::trace_event& b)
 {
   return a.kind == b.kind && a.time_ns == b.time_ns && a.address == b.address && a.size == b.size &&
          a.requested == b.requested && a.stream == b.stream && a.thread == b.thread &&
-         a.cache_hit == b.cache_hit && a.lifetime_ns == b.lifetime_ns;
+         a.cache_hit == b.cache_hit && a.lifetime_ns == b.lifetime_ns && a.from_stream == b.from_stream;
 }
 
 // The message of the depot::invalid_argument that parse_trace(text) throws ("" if none).
@@ -127,6 +129,54 @@ TEST_CASE_TEMPLATE("trace: a real allocator's trace and snapshot read back exact
   for (void* p : ptrs) {
     if (p != ptrs[0]) a.deallocate(p);
   }
+}
+
+// A stream that misses takes another stream's whole free segment: the trace says which
+// segment moved, from which stream to which, and reads back the same.
+TEST_CASE_TEMPLATE("trace: a segment moved between streams is traced with both streams and read back", D,
+                   DEPOT_TEST_DEVICES)
+{
+  std::size_t n = 24 * MiB;
+  SUBCASE("large segment") {}
+  SUBCASE("linked small segment") { n = 1 * MiB; }
+  SUBCASE("dense small segment") { n = 64 * KiB; }
+  CAPTURE(n);
+  depot::allocator_config cfg;
+  cfg.trace_capacity = 1000;
+  depot::caching_allocator<D> a{0, cfg};
+  depot::stream<D> s1;
+  depot::stream<D> s2;
+  a.deallocate(a.allocate(n, s1), s1);  // a whole free segment in s1's cache
+  void* q = a.allocate(n, s2);          // s2's cache has none: s1's moves
+  const std::vector<depot::trace_event> events = a.trace();
+  std::vector<depot::trace_event> moves;
+  std::copy_if(events.begin(), events.end(), std::back_inserter(moves),
+               [](const depot::trace_event& e) { return e.kind == depot::trace_kind::segment_move; });
+  REQUIRE(moves.size() == 1);
+  const depot::trace_event& m = moves[0];
+  CHECK(m.stream == reinterpret_cast<std::uintptr_t>(s2.native()));
+  CHECK(m.from_stream == reinterpret_cast<std::uintptr_t>(s1.native()));
+  CHECK(m.from_stream != m.stream);
+  // The segment that moved is the one q lies in, whole.
+  const depot::allocator_snapshot snap = a.snapshot();
+  const auto q_at = reinterpret_cast<std::uintptr_t>(q);
+  const auto seg = std::find_if(snap.segments.begin(), snap.segments.end(), [&](const auto& g) {
+    return g.address <= q_at && q_at < g.address + g.size;
+  });
+  REQUIRE(seg != snap.segments.end());
+  CHECK(m.address == seg->address);
+  CHECK(m.size == seg->size);
+  CHECK(seg->stream == m.stream);
+  CHECK(snap.segments.size() == 1);  // moved, not grown
+  CHECK(a.stats().num_segments_moved == 1);
+  CHECK(to_string(m.kind) == "segment_move");
+  const depot::recorded_trace t = depot::parse_trace(a.trace_json(), "pool");
+  REQUIRE(t.events.size() == events.size());
+  for (std::size_t i = 0; i < events.size(); ++i) CHECK(same_event(t.events[i], events[i]));
+  const depot::recorded_trace again = depot::parse_trace(t.to_json());
+  REQUIRE(again.events.size() == events.size());
+  for (std::size_t i = 0; i < events.size(); ++i) CHECK(same_event(again.events[i], events[i]));
+  a.deallocate(q, s2);
 }
 
 TEST_CASE("trace: generated shapes round-trip through files in both formats")

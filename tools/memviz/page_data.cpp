@@ -362,7 +362,8 @@ nlohmann::json trace_page_data(const recorded_trace& trace, trace_summary& summa
         if (open_segments.erase(e.address) == 0) base_reserved += e.size;
         break;
       case trace_kind::segment_map:
-      case trace_kind::segment_unmap: summary.has_segments = true; break;
+      case trace_kind::segment_unmap:
+      case trace_kind::segment_move: summary.has_segments = true; break;
       case trace_kind::out_of_memory:
         ++summary.out_of_memory;
         if (ooms.size() < max_oom_markers) ooms.push_back({t[i], e.requested != 0 ? e.requested : e.size});
@@ -500,6 +501,7 @@ nlohmann::json trace_page_data(const recorded_trace& trace, trace_summary& summa
         reserved -= std::min<std::uint64_t>(reserved, e.size);
         gaps.map_pages(e.address, e.size, false);
         break;
+      case trace_kind::segment_move:  // (the same memory, another stream's: reserved unchanged)
       case trace_kind::out_of_memory: break;
     }
     const auto v = values();

@@ -17,6 +17,8 @@ enum class trace_kind : std::uint8_t {
                         // handler may then have it tried again: one event per failure)
   segment_map = 5,      // memory mapped in an expandable segment: at its end, or into a hole
   segment_unmap = 6,    // memory unmapped from an expandable segment: its end, or inside (a hole)
+  segment_move = 7,     // a whole free segment moved from another stream's cache (from_stream) to
+                        // that of `stream`, which missed (memory_stats::num_segments_moved)
 };
 
 [[nodiscard]] constexpr std::string_view to_string(trace_kind k) noexcept
@@ -28,6 +30,7 @@ enum class trace_kind : std::uint8_t {
     case trace_kind::segment_free: return "segment_free";
     case trace_kind::segment_map: return "segment_map";
     case trace_kind::segment_unmap: return "segment_unmap";
+    case trace_kind::segment_move: return "segment_move";
     case trace_kind::out_of_memory: return "oom";
   }
   return "unknown";
@@ -44,6 +47,7 @@ struct trace_event {
   std::uint64_t thread = 0;   // a hash of the calling thread's id
   bool cache_hit = false;     // allocate: served from the cache without the upstream
   std::uint64_t lifetime_ns = 0;  // free: time since its allocate
+  std::uintptr_t from_stream = 0;  // segment_move: the stream whose cache gave the segment
 };
 
 }  // namespace depot
