@@ -137,9 +137,9 @@ int main(int argc, char** argv)
   std::printf("\n");
   if (trace) {
     std::printf("  trace: %zu events, %zu allocations (%zu from before the trace, %zu alive at its end), "
-                "%zu out-of-memory, span %.6f s\n",
+                "%zu out-of-memory, %zu segments moved between streams, span %.6f s\n",
                 summary.events, summary.allocations, summary.before_trace, summary.never_freed, summary.out_of_memory,
-                static_cast<double>(summary.span_ns) * 1e-9);
+                summary.segment_moves, static_cast<double>(summary.span_ns) * 1e-9);
     std::printf("  peak allocated %zu, peak reserved %zu%s, fragmentation peak %.4f, at the end %.4f\n",
                 summary.peak_allocated, summary.peak_reserved, summary.has_segments ? "" : " (no segment events)",
                 summary.peak_fragmentation, summary.final_fragmentation);

@@ -136,6 +136,10 @@ def main():
         check(abs(float(su.get('data-final-fragmentation', '-1')) - expect['fragmentation']) < 1e-9,
               'small page: fragmentation at the end %s = pool %.6f' % (su.get('data-final-fragmentation'), expect['fragmentation']))
         check(as_int(tl, 'data-ymax') >= expect['peak_allocated'], 'small page: the band stack reaches the peak')
+        moves = sum(1 for e in json.load(open(w('small.json')))['events'] if e['kind'] == 'segment_move')
+        check(as_int(su, 'data-segment-moves') == expect['segments_moved'] == moves and moves > 0,
+              'small page: segments moved between streams %s = pool %d = segment_move events %d (> 0)' %
+              (su.get('data-segment-moves'), expect['segments_moved'], moves))
         check(se.get('data-series') == 'reserved,allocated,fragmentation' and as_int(se, 'data-points') > 1000,
               'small page: three series drawn (%s, %s points)' % (se.get('data-series'), se.get('data-points')))
         check(as_int(se, 'data-ymax') == expect['peak_reserved'], 'small page: series top = peak reserved')

@@ -141,6 +141,7 @@ int main(int argc, char** argv)
         {"allocation_calls", st.num_allocations.all.allocated},
         {"segments", st.num_segments.all.current},
         {"fragmentation", st.fragmentation},
+        {"segments_moved", st.num_segments_moved},
     };
     write_file(expect_path, e.dump(2));
   }

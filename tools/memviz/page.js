@@ -684,12 +684,14 @@
                    'peak fragmentation ' + (T.peak_fragmentation * 100).toFixed(1) + '%');
       }
       if (T.out_of_memory) parts.push(T.out_of_memory + ' out-of-memory');
+      if (T.segment_moves) parts.push(T.segment_moves + ' segments moved between streams');
       if (T.before_trace) parts.push(T.before_trace + ' blocks allocated before the trace began');
       sum.dataset.events = String(T.events);
       sum.dataset.allocations = String(T.allocations);
       sum.dataset.peakAllocated = String(T.peak_allocated);
       sum.dataset.peakReserved = String(T.peak_reserved);
       sum.dataset.finalFragmentation = String(T.final_fragmentation);
+      sum.dataset.segmentMoves = String(T.segment_moves || 0);
     }
     if (S) parts.push('snapshot ' + S.file + ': ' + S.segments + ' segments');
     sum.textContent = parts.join(' \u00b7 ');

@@ -362,8 +362,11 @@ nlohmann::json trace_page_data(const recorded_trace& trace, trace_summary& summa
         if (open_segments.erase(e.address) == 0) base_reserved += e.size;
         break;
       case trace_kind::segment_map:
-      case trace_kind::segment_unmap:
-      case trace_kind::segment_move: summary.has_segments = true; break;
+      case trace_kind::segment_unmap: summary.has_segments = true; break;
+      case trace_kind::segment_move:
+        summary.has_segments = true;
+        ++summary.segment_moves;
+        break;
       case trace_kind::out_of_memory:
         ++summary.out_of_memory;
         if (ooms.size() < max_oom_markers) ooms.push_back({t[i], e.requested != 0 ? e.requested : e.size});
@@ -610,6 +613,7 @@ nlohmann::json trace_page_data(const recorded_trace& trace, trace_summary& summa
       {"levels", levels},
       {"ooms", ooms},
       {"out_of_memory", summary.out_of_memory},
+      {"segment_moves", summary.segment_moves},
   };
 }
 

@@ -21,6 +21,7 @@ struct trace_summary {
   std::size_t before_trace = 0;    // freed in the trace, allocated before it began
   std::size_t never_freed = 0;     // still alive when the trace ends
   std::size_t out_of_memory = 0;
+  std::size_t segment_moves = 0;   // whole free segments moved between streams' caches
   std::uint64_t span_ns = 0;
   std::size_t peak_allocated = 0;
   std::size_t peak_reserved = 0;
