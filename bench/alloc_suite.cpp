@@ -464,6 +464,7 @@ void alloc_device(const options& opts, int device, nlohmann::json& rows)
           rows.back()["segments_peak"] = st.num_segments.all.peak;
           rows.back()["segments_moved"] = st.num_segments_moved;  // between the streams' caches
           rows.back()["move_events"] = st.num_move_events;
+          rows.back()["move_syncs"] = st.num_move_syncs;
         }
       }
       std::printf("\n");

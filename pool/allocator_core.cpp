@@ -2199,8 +2199,9 @@ struct allocator_core::impl {
     for (const auto& c : caches) figures.publish(*c->delta);
   }
   std::atomic<std::int64_t> misses{0}, retries{0}, ooms{0};
-  // memory_stats::num_segments_moved, num_move_events (steal(), order_steal(): miss path)
-  std::atomic<std::int64_t> moves{0}, move_events{0};
+  // memory_stats::num_segments_moved, num_move_events, num_move_syncs (steal(),
+  // order_steal(): miss path)
+  std::atomic<std::int64_t> moves{0}, move_events{0}, move_syncs{0};
   // set_oom_handler's handler (null: none), copied under oom_mu and called without it.
   std::mutex oom_mu;
   std::shared_ptr<const oom_handler> on_oom;
@@ -3444,6 +3445,7 @@ struct allocator_core::impl {
   {
     if (!async) return;
     if (other.closed || !stream_lives(other.stream)) {
+      if (!other.closed) move_syncs.fetch_add(1, std::memory_order_relaxed);  // (a raw handle's)
       order_after(other, c.stream);
       return;
     }
@@ -4629,6 +4631,7 @@ struct allocator_core::impl {
     s.num_ooms = ooms.load();
     s.num_segments_moved = moves.load();
     s.num_move_events = move_events.load();
+    s.num_move_syncs = move_syncs.load();
     std::size_t largest = 0;
     std::size_t free_total = 0;
     for (const auto& c : caches) {
@@ -5431,6 +5434,7 @@ void allocator_core::reset_memory_stats()
   impl_->ooms.store(0);
   impl_->moves.store(0);
   impl_->move_events.store(0);
+  impl_->move_syncs.store(0);
 }
 
 void allocator_core::set_trace_capacity(std::size_t events) { impl_->set_trace_capacity(events); }

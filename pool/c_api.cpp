@@ -263,6 +263,7 @@ depot_memory_stats to_c(const depot::memory_stats& s) noexcept
   out.num_ooms = s.num_ooms;
   out.num_segments_moved = s.num_segments_moved;
   out.num_move_events = s.num_move_events;
+  out.num_move_syncs = s.num_move_syncs;
   out.largest_free_block = s.largest_free_block;
   out.fragmentation = s.fragmentation;
   return out;

@@ -239,12 +239,13 @@ std::string allocator_core::summary() const
   count_row("segments", s.num_segments);
   std::snprintf(line, sizeof line,
                 "cache hits %lld, misses %lld (hit rate %.1f%%); alloc retries %lld, OOMs %lld\n"
-                "segments moved between streams %lld (events recorded for them %lld)\n"
+                "segments moved between streams %lld (events recorded for them %lld, device "
+                "synchronisations %lld)\n"
                 "largest free block %s, fragmentation %.3f\n",
                 static_cast<long long>(s.num_cache_hits), static_cast<long long>(s.num_cache_misses),
                 100.0 * s.cache_hit_rate, static_cast<long long>(s.num_alloc_retries),
                 static_cast<long long>(s.num_ooms), static_cast<long long>(s.num_segments_moved),
-                static_cast<long long>(s.num_move_events),
+                static_cast<long long>(s.num_move_events), static_cast<long long>(s.num_move_syncs),
                 format_bytes(static_cast<std::size_t>(s.largest_free_block)).c_str(), s.fragmentation);
   out += line;
   return out;

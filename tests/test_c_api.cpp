@@ -81,6 +81,7 @@ void check_same(const depot_memory_stats& c, const depot::memory_stats& s)
   CHECK(c.num_ooms == s.num_ooms);
   CHECK(c.num_segments_moved == s.num_segments_moved);
   CHECK(c.num_move_events == s.num_move_events);
+  CHECK(c.num_move_syncs == s.num_move_syncs);
   CHECK(c.largest_free_block == s.largest_free_block);
   CHECK(c.fragmentation == s.fragmentation);
 }

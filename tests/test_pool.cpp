@@ -2984,7 +2984,9 @@ TEST_CASE("pool: a steal queues no event when the thief's stream already waited 
   CHECK(ev->stream_waits == waits + 2);
   CHECK(moved() == 4);
   CHECK(move_events() == 3);
-  CHECK(a.summary().find("segments moved between streams 4 (events recorded for them 3)") != std::string::npos);
+  CHECK(a.stats().num_move_syncs == 0);  // (registered streams: events, never the device)
+  CHECK(a.summary().find("segments moved between streams 4 (events recorded for them 3, device synchronisations 0)") !=
+        std::string::npos);
   give(on1, s1);
   give(more, s1);
   // Stream 1 destroyed with both segments free in its cache: stream 2's next miss takes
@@ -3002,6 +3004,35 @@ TEST_CASE("pool: a steal queues no event when the thief's stream already waited 
   a.empty_cache();
   CHECK(a.stats().reserved_bytes.all.current == 0);
   depot::stream_registry::closing(dev, s2);
+}
+
+// A stream depot cannot see the lifetime of (a raw handle never registered) gives its
+// whole free segment to another stream's miss only after the whole device's work is done:
+// no event can be recorded on a handle that may be gone. memory_stats counts those moves
+// apart (num_move_syncs), so a code can see what registering its streams would spare.
+TEST_CASE("pool: a segment moved from a raw stream handle is counted as a device synchronisation")
+{
+  const std::size_t n = each_block_kind();
+  CAPTURE(n);
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a = async_core(ev);
+  const auto s1 = fake_stream(0x1000);  // raw: never registered
+  const auto s2 = fake_stream(0x2000);
+  a.deallocate(a.allocate(n, s1), s1, true, 0);
+  const int syncs = ev->syncs, recorded = ev->recorded;
+  void* p = a.allocate(n, s2);  // s1's whole free segment moves to s2's cache
+  const depot::memory_stats st = a.stats();
+  CHECK(a.snapshot().segments.size() == 1);
+  CHECK(st.num_segments_moved == 1);
+  CHECK(st.num_move_syncs == 1);
+  CHECK(st.num_move_events == 0);
+  CHECK(ev->syncs == syncs + 1);
+  CHECK(ev->recorded == recorded);
+  a.deallocate(p, s2, true, 0);
+  a.reset_memory_stats();
+  CHECK(a.stats().num_move_syncs == 0);
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
 }
 
 // A block a capture allocated, still live when its pool was released (the pool's cache is

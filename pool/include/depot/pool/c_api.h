@@ -82,6 +82,7 @@ typedef struct depot_memory_stats {
   double fragmentation;
   int64_t num_segments_moved; /* memory_stats::num_segments_moved */
   int64_t num_move_events;    /* memory_stats::num_move_events */
+  int64_t num_move_syncs;     /* memory_stats::num_move_syncs */
 } depot_memory_stats;
 
 /* Devices of backend `kind` (0 where it has none; DEPOT_ERROR_NOT_SUPPORTED, with *count

@@ -35,7 +35,7 @@ module depot_pool
     real(c_double) :: cache_hit_rate
     integer(c_int64_t) :: peak_allocated, peak_cached, num_alloc_retries, num_ooms, largest_free_block
     real(c_double) :: fragmentation
-    integer(c_int64_t) :: num_segments_moved, num_move_events
+    integer(c_int64_t) :: num_segments_moved, num_move_events, num_move_syncs
   end type depot_memory_stats
 
   ! depot_fixed_pool_stats (a fixed pool's handle is a type(c_ptr))

@@ -57,6 +57,10 @@ struct memory_stats {
   // recorded once, when it is destroyed). Each event is a record and a stream wait.
   std::int64_t num_segments_moved = 0;
   std::int64_t num_move_events = 0;
+  // Moves from a live stream whose lifetime depot cannot see (a raw handle never
+  // registered with stream_registry): each waited for the whole device on the host, which
+  // registering the stream turns into an event.
+  std::int64_t num_move_syncs = 0;
   std::int64_t largest_free_block = 0;
   // 1 - largest free block / total free bytes: 0 when the free memory is one piece (or
   // there is none), near 1 when it is scattered in pieces too small for big requests.
