@@ -17,6 +17,7 @@
 #include <limits>
 #include <optional>
 #include <sstream>
+#include <string>
 #include <unordered_map>
 
 namespace depot {
@@ -267,14 +268,36 @@ recorded_trace parse_rmm_csv(std::string_view text, std::string_view name)
 // ---------------------------------------------------------------------------------------
 // depot.trace.v1 JSON, through nlohmann's SAX interface
 
+// The kinds are numbered from 0 without gaps; to_string() names each and answers "unknown" past
+// the last, so a new kind needs only the enum and to_string().
+template <class F>
+void for_each_trace_kind(F&& f)
+{
+  for (unsigned v = 0; v <= 0xff; ++v) {
+    const auto k = static_cast<trace_kind>(v);
+    if (to_string(k) == "unknown") return;
+    f(k);
+  }
+}
+
 std::optional<trace_kind> kind_from_name(std::string_view s)
 {
-  for (trace_kind k : {trace_kind::allocate, trace_kind::free, trace_kind::segment_allocate,
-                       trace_kind::segment_free, trace_kind::segment_map, trace_kind::segment_unmap,
-                       trace_kind::segment_move, trace_kind::out_of_memory}) {
-    if (to_string(k) == s) return k;
-  }
-  return std::nullopt;
+  std::optional<trace_kind> found;
+  for_each_trace_kind([&](trace_kind k) {
+    if (!found && to_string(k) == s) found = k;
+  });
+  return found;
+}
+
+// "one of alloc, free, ..., segment_move"
+std::string trace_kind_names()
+{
+  std::string out = "one of ";
+  for_each_trace_kind([&](trace_kind k) {
+    if (out.size() > 7) out += ", ";
+    out += to_string(k);
+  });
+  return out;
 }
 
 std::optional<block_state> state_from_name(std::string_view s)
@@ -467,9 +490,9 @@ class trace_sax {
 
   [[noreturn]] void field_error(const std::string& got)
   {
-    const char* expected = field_index_ == f_kind        ? "one of alloc, free, segment_alloc, segment_free, segment_map, segment_unmap, segment_move, oom"
-                           : field_index_ == f_cache_hit ? "true or false"
-                                                         : "a non-negative integer";
+    const std::string expected = field_index_ == f_kind        ? trace_kind_names()
+                                 : field_index_ == f_cache_hit ? std::string("true or false")
+                                                               : std::string("a non-negative integer");
     fail(name_, event_where() + "field '" + field_ + "': expected " + expected + ", got " + got);
   }
 

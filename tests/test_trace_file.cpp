@@ -280,7 +280,7 @@ TEST_CASE("trace: bad JSON traces name the event and the field")
       {head + R"({"kind":"alloc","address":-5,"size":1}]})", {"event 0", "'address'", "-5"}},
       {head + R"({"kind":"alloc","address":5.5,"size":1}]})", {"event 0", "'address'", "5.5"}},
       {head + ok + ok + R"({"address":1,"size":1}]})", {"event 2", "'kind'", "missing"}},
-      {head + R"({"kind":"allocate","address":1,"size":1}]})", {"event 0", "'kind'", "'allocate'", "alloc, free"}},
+      {head + R"({"kind":"allocate","address":1,"size":1}]})", {"event 0", "'kind'", "'allocate'", "one of alloc, free, segment_alloc, segment_free, oom, segment_map, segment_unmap, segment_move, got"}},
       {head + R"({"kind":"free","address":1,"size":1,"cache_hit":1}]})", {"event 0", "'cache_hit'", "true or false"}},
       {head + R"({"kind":"free","address":1,"size":1,"size":2}]})", {"event 0", "'size'", "twice"}},
       {head + R"({"kind":"free","address":1,"size":[1]}]})", {"event 0", "'size'", "array"}},
