@@ -1112,49 +1112,58 @@ void alloc_cross_thread(nlohmann::json& out)
   constexpr int dir_streams = 16;
   constexpr int dir_per_stream = 1024;
   const int max_threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1U, 16U));
+  // The same on an allocator whose cache locks are not biased (biased_locks:false): whether
+  // the cost is the revocation of biases or the locks' words passed between cores.
+  allocator_config unbiased_cfg;
+  unbiased_cfg.biased_locks = false;
+  detail::allocator_core unbiased{std::make_unique<simulated_upstream>(std::size_t{1} << 40, dev), unbiased_cfg, true};
+  const auto frees_at_once = [&](detail::allocator_core& al, int threads, bool named) {
+    std::vector<double> runs;
+    for (int r = 0; r < 5; ++r) {
+      std::vector<std::pair<void*, native_stream>> blocks_of;
+      for (int i = 0; i < dir_per_stream; ++i) {
+        for (int k = 0; k < dir_streams; ++k) blocks_of.emplace_back(al.allocate(4096, stream_of(k)), stream_of(k));
+      }
+      std::mt19937_64 rng{static_cast<std::uint64_t>(threads * 100 + r)};
+      std::shuffle(blocks_of.begin(), blocks_of.end(), rng);
+      const std::size_t share = blocks_of.size() / static_cast<std::size_t>(threads);
+      std::atomic<int> ready{0};
+      std::atomic<bool> go{false};
+      std::vector<double> took(static_cast<std::size_t>(threads));
+      std::vector<std::thread> pool;
+      for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+          const std::size_t from = share * static_cast<std::size_t>(t);
+          const std::size_t to = t + 1 == threads ? blocks_of.size() : from + share;
+          ready.fetch_add(1);
+          while (!go.load()) {
+          }
+          const auto t0 = std::chrono::steady_clock::now();
+          for (std::size_t i = from; i < to; ++i) al.deallocate(blocks_of[i].first, blocks_of[i].second, named, 0);
+          took[static_cast<std::size_t>(t)] =
+              std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+              static_cast<double>(to - from);
+        });
+      }
+      while (ready.load() != threads) std::this_thread::yield();
+      go = true;
+      for (auto& t : pool) t.join();
+      runs.push_back(*std::max_element(took.begin(), took.end()));
+    }
+    return median(runs);
+  };
   nlohmann::json dir = nlohmann::json::array();
-  std::printf("frees by C threads at once, blocks of %d streams in a random order, ns per free per thread (median of 5):",
+  std::printf("frees by C threads at once, blocks of %d streams in a random order, ns per free per thread (median of 5; "
+              "then with biased_locks:false):",
               dir_streams);
   for (int threads = 1; threads <= max_threads; threads *= 2) {
-    double dir_ns[2] = {};
-    for (const bool named : {false, true}) {
-      std::vector<double> runs;
-      for (int r = 0; r < 5; ++r) {
-        std::vector<std::pair<void*, native_stream>> blocks_of;
-        for (int i = 0; i < dir_per_stream; ++i) {
-          for (int k = 0; k < dir_streams; ++k) blocks_of.emplace_back(a.allocate(4096, stream_of(k)), stream_of(k));
-        }
-        std::mt19937_64 rng{static_cast<std::uint64_t>(threads * 100 + r)};
-        std::shuffle(blocks_of.begin(), blocks_of.end(), rng);
-        const std::size_t share = blocks_of.size() / static_cast<std::size_t>(threads);
-        std::atomic<int> ready{0};
-        std::atomic<bool> go{false};
-        std::vector<double> took(static_cast<std::size_t>(threads));
-        std::vector<std::thread> pool;
-        for (int t = 0; t < threads; ++t) {
-          pool.emplace_back([&, t] {
-            const std::size_t from = share * static_cast<std::size_t>(t);
-            const std::size_t to = t + 1 == threads ? blocks_of.size() : from + share;
-            ready.fetch_add(1);
-            while (!go.load()) {
-            }
-            const auto t0 = std::chrono::steady_clock::now();
-            for (std::size_t i = from; i < to; ++i) a.deallocate(blocks_of[i].first, blocks_of[i].second, named, 0);
-            took[static_cast<std::size_t>(t)] =
-                std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
-                static_cast<double>(to - from);
-          });
-        }
-        while (ready.load() != threads) std::this_thread::yield();
-        go = true;
-        for (auto& t : pool) t.join();
-        runs.push_back(*std::max_element(took.begin(), took.end()));
-      }
-      dir_ns[named ? 1 : 0] = median(runs);
-    }
-    std::printf(" C=%d unnamed %.1f named %.1f;", threads, dir_ns[0], dir_ns[1]);
+    const double u = frees_at_once(a, threads, false);
+    const double n = frees_at_once(a, threads, true);
+    const double uu = frees_at_once(unbiased, threads, false);
+    const double un = frees_at_once(unbiased, threads, true);
+    std::printf(" C=%d unnamed %.1f named %.1f (%.1f, %.1f);", threads, u, n, uu, un);
     dir.push_back({{"threads", threads}, {"streams", dir_streams}, {"blocks_per_stream", dir_per_stream},
-                   {"unnamed_ns", dir_ns[0]}, {"named_ns", dir_ns[1]}});
+                   {"unnamed_ns", u}, {"named_ns", n}, {"unbiased_unnamed_ns", uu}, {"unbiased_named_ns", un}});
   }
   std::printf("\n");
   out["directory_threads"] = dir;
