@@ -8,6 +8,8 @@
 
 namespace depot {
 
+// Numbered from 0 without gaps: the trace readers find every kind by counting up through
+// to_string() until it answers "unknown" (a new kind: here and in to_string() only).
 enum class trace_kind : std::uint8_t {
   allocate = 0,         // a block handed out (cache hit or miss)
   free = 1,             // a block returned (lifetime_ns set)
