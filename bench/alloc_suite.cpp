@@ -1068,63 +1068,19 @@ void alloc_cross_thread(nlohmann::json& out)
   out = {{"streams", streams}, {"blocks", blocks}, {"unnamed_ns", ns[0]}, {"named_ns", ns[1]},
          {"barriers_per_run", per_run}};
 
-  // A consumer of every stream's blocks: 256 blocks of 4 KiB made on each of S streams,
-  // freed by another thread in a seeded random order, unnamed and named on the block's
-  // stream. Unnamed, nearly every block is in neither the cache of the consumer's last
-  // stream nor of its last operation, so the free asks the directory of segments (before
-  // it, it tried every cache in turn: O(S)). ns per free, median of 5 runs.
-  nlohmann::json spread = nlohmann::json::array();
-  std::printf("frees of blocks of S streams in a random order by another thread, ns per free (median of 5):");
-  for (const int s : {1, 4, 16, 64}) {
-    double spread_ns[2] = {};
-    for (const bool named : {false, true}) {
-      std::vector<double> runs;
-      for (int r = 0; r < 5; ++r) {
-        std::vector<std::pair<void*, native_stream>> blocks_of;
-        for (int i = 0; i < 256; ++i) {
-          for (int k = 0; k < s; ++k) blocks_of.emplace_back(a.allocate(4096, stream_of(k)), stream_of(k));
-        }
-        std::mt19937_64 rng{static_cast<std::uint64_t>(s * 10 + r)};
-        std::shuffle(blocks_of.begin(), blocks_of.end(), rng);
-        double elapsed = 0;
-        std::thread consumer([&] {
-          const auto t0 = std::chrono::steady_clock::now();
-          for (const auto& [p, st] : blocks_of) a.deallocate(p, st, named, 0);
-          elapsed = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
-        });
-        consumer.join();
-        runs.push_back(elapsed / static_cast<double>(blocks_of.size()));
-      }
-      spread_ns[named ? 1 : 0] = median(runs);
-    }
-    std::printf(" S=%d unnamed %.1f named %.1f;", s, spread_ns[0], spread_ns[1]);
-    spread.push_back({{"streams", s}, {"blocks_per_stream", 256}, {"unnamed_ns", spread_ns[0]}, {"named_ns", spread_ns[1]}});
-  }
-  std::printf("\n");
-  out["spread"] = spread;
-
-  // The directory's shared lock under many readers: 1024 blocks of 4 KiB made on each of 16
-  // streams, shuffled (seeded), then freed by C threads at once, each its own share, unnamed
-  // (nearly every free asks the directory: its reader lock is one cache line for all) and
-  // named on the block's stream (no directory). Every thread starts at one barrier; ns per
-  // free as a thread sees it (the slowest thread's time / its frees), median of 5 runs.
-  // C = 1, 2, 4, ... up to the machine's hardware threads (at most 16).
-  constexpr int dir_streams = 16;
-  constexpr int dir_per_stream = 1024;
-  const int max_threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1U, 16U));
-  // The same on an allocator whose cache locks are not biased (biased_locks:false): whether
-  // the cost is the revocation of biases or the locks' words passed between cores.
-  allocator_config unbiased_cfg;
-  unbiased_cfg.biased_locks = false;
-  detail::allocator_core unbiased{std::make_unique<simulated_upstream>(std::size_t{1} << 40, dev), unbiased_cfg, true};
-  const auto frees_at_once = [&](detail::allocator_core& al, int threads, bool named) {
+  // Blocks of 4 KiB, per_stream made on each of n_streams streams, shuffled (seeded
+  // seed_base + run), then freed by `threads` threads at once, each its own share, unnamed
+  // or named on the block's stream. Every thread starts at one barrier; ns per free as a
+  // thread sees it (the slowest thread's time / its frees), median of 5 runs.
+  const auto frees_at_once = [&](detail::allocator_core& al, int n_streams, int per_stream, int threads, bool named,
+                                 std::uint64_t seed_base) {
     std::vector<double> runs;
     for (int r = 0; r < 5; ++r) {
       std::vector<std::pair<void*, native_stream>> blocks_of;
-      for (int i = 0; i < dir_per_stream; ++i) {
-        for (int k = 0; k < dir_streams; ++k) blocks_of.emplace_back(al.allocate(4096, stream_of(k)), stream_of(k));
+      for (int i = 0; i < per_stream; ++i) {
+        for (int k = 0; k < n_streams; ++k) blocks_of.emplace_back(al.allocate(4096, stream_of(k)), stream_of(k));
       }
-      std::mt19937_64 rng{static_cast<std::uint64_t>(threads * 100 + r)};
+      std::mt19937_64 rng{seed_base + static_cast<std::uint64_t>(r)};
       std::shuffle(blocks_of.begin(), blocks_of.end(), rng);
       const std::size_t share = blocks_of.size() / static_cast<std::size_t>(threads);
       std::atomic<int> ready{0};
@@ -1152,15 +1108,46 @@ void alloc_cross_thread(nlohmann::json& out)
     }
     return median(runs);
   };
+
+  // A consumer of every stream's blocks: 256 blocks of each of S streams freed by another
+  // thread in a random order, unnamed and named on the block's stream. Unnamed, nearly
+  // every block is in neither the cache of the consumer's last stream nor of its last
+  // operation, so the free asks the directory of segments (before it, it tried every cache
+  // in turn: O(S)).
+  nlohmann::json spread = nlohmann::json::array();
+  std::printf("frees of blocks of S streams in a random order by another thread, ns per free (median of 5):");
+  for (const int s : {1, 4, 16, 64}) {
+    const auto seed = static_cast<std::uint64_t>(s * 10);
+    const double u = frees_at_once(a, s, 256, 1, false, seed);
+    const double n = frees_at_once(a, s, 256, 1, true, seed);
+    std::printf(" S=%d unnamed %.1f named %.1f;", s, u, n);
+    spread.push_back({{"streams", s}, {"blocks_per_stream", 256}, {"unnamed_ns", u}, {"named_ns", n}});
+  }
+  std::printf("\n");
+  out["spread"] = spread;
+
+  // The directory's shared lock under many readers: 1024 blocks of each of 16 streams freed
+  // by C threads at once (nearly every unnamed free asks the directory: its reader lock is
+  // one cache line for all; named, no directory), C = 1, 2, 4, ... up to the machine's
+  // hardware threads (at most 16); and the same on an allocator whose cache locks are not
+  // biased (biased_locks:false): whether the cost is the revocation of biases or the locks'
+  // words passed between cores.
+  constexpr int dir_streams = 16;
+  constexpr int dir_per_stream = 1024;
+  const int max_threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1U, 16U));
+  allocator_config unbiased_cfg;
+  unbiased_cfg.biased_locks = false;
+  detail::allocator_core unbiased{std::make_unique<simulated_upstream>(std::size_t{1} << 40, dev), unbiased_cfg, true};
   nlohmann::json dir = nlohmann::json::array();
   std::printf("frees by C threads at once, blocks of %d streams in a random order, ns per free per thread (median of 5; "
               "then with biased_locks:false):",
               dir_streams);
   for (int threads = 1; threads <= max_threads; threads *= 2) {
-    const double u = frees_at_once(a, threads, false);
-    const double n = frees_at_once(a, threads, true);
-    const double uu = frees_at_once(unbiased, threads, false);
-    const double un = frees_at_once(unbiased, threads, true);
+    const auto seed = static_cast<std::uint64_t>(threads * 100);
+    const double u = frees_at_once(a, dir_streams, dir_per_stream, threads, false, seed);
+    const double n = frees_at_once(a, dir_streams, dir_per_stream, threads, true, seed);
+    const double uu = frees_at_once(unbiased, dir_streams, dir_per_stream, threads, false, seed);
+    const double un = frees_at_once(unbiased, dir_streams, dir_per_stream, threads, true, seed);
     std::printf(" C=%d unnamed %.1f named %.1f (%.1f, %.1f);", threads, u, n, uu, un);
     dir.push_back({{"threads", threads}, {"streams", dir_streams}, {"blocks_per_stream", dir_per_stream},
                    {"unnamed_ns", u}, {"named_ns", n}, {"unbiased_unnamed_ns", uu}, {"unbiased_named_ns", un}});
