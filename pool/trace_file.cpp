@@ -293,9 +293,11 @@ std::optional<trace_kind> kind_from_name(std::string_view s)
 std::string trace_kind_names()
 {
   std::string out = "one of ";
+  const char* separator = "";
   for_each_trace_kind([&](trace_kind k) {
-    if (out.size() > 7) out += ", ";
+    out += separator;
     out += to_string(k);
+    separator = ", ";
   });
   return out;
 }
