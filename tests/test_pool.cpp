@@ -5831,12 +5831,34 @@ bool consistent(const depot::memory_stats& st)
          st.active_bytes.all.current >= st.allocated_bytes.all.current;
 }
 
+// Every allocation freed: nothing current, as much freed as allocated.
+void check_all_freed(const depot::memory_stats& st)
+{
+  for (const depot::stat_array* x : {&st.allocated_bytes, &st.requested_bytes, &st.active_bytes,
+                                     &st.num_allocations}) {
+    CHECK(x->all.current == 0);
+    CHECK(x->all.freed == x->all.allocated);
+  }
+}
+
+// Joins the workers, then stops and joins the reader of the statistics; the figures after.
+template <class D>
+depot::memory_stats join_then_stats(depot::caching_allocator<D>& a, std::vector<std::thread>& workers,
+                                    std::atomic<bool>& done, std::thread& reader)
+{
+  for (auto& th : workers) th.join();
+  done.store(true);
+  reader.join();
+  return a.stats();
+}
+
 TEST_CASE_TEMPLATE("pool: four threads sharing four streams, and a reader of the statistics", D,
                    DEPOT_TEST_DEVICES)
 {
   // Every thread alternates among the same four streams, so a thread's change of cache
-  // often finds the next cache held by another thread (its changes are then published) or
-  // free (the two caches swap deltas), while a reader publishes every cache's all along.
+  // often finds the next cache held by another thread (its changes are then published, or
+  // stay in its last cache's delta while another thread publishes) or free (the two caches
+  // swap deltas), while a reader publishes every cache's all along.
   // Whatever moved where, the totals must come out exact and every figure consistent.
   depot::allocator_config cfg = quiet_config<D>();
   SUBCASE("the default batch") {}
@@ -5875,16 +5897,9 @@ TEST_CASE_TEMPLATE("pool: four threads sharing four streams, and a reader of the
       requested_peak_bound += requested;
     });
   }
-  for (auto& th : threads) th.join();
-  done.store(true);
-  reader.join();
+  const depot::memory_stats st = join_then_stats(a, threads, done, reader);
   CHECK(inconsistent.load() == 0);
-  const depot::memory_stats st = a.stats();
-  for (const depot::stat_array* x : {&st.allocated_bytes, &st.requested_bytes, &st.active_bytes,
-                                     &st.num_allocations}) {
-    CHECK(x->all.current == 0);
-    CHECK(x->all.freed == x->all.allocated);
-  }
+  check_all_freed(st);
   // (inactive split bytes: those of the blocks kept for reuse, which check_invariants
   // compares with the snapshot's; none once they are merged)
   a.empty_cache();
@@ -5892,6 +5907,70 @@ TEST_CASE_TEMPLATE("pool: four threads sharing four streams, and a reader of the
   CHECK(st.requested_bytes.all.allocated == requested_peak_bound.load());
   CHECK(st.requested_bytes.all.peak > 0);
   CHECK(st.requested_bytes.all.peak <= requested_peak_bound.load());
+  check_invariants(a);
+}
+
+TEST_CASE_TEMPLATE("pool: eight threads free the blocks of sixteen streams at once, beside a reader", D,
+                   DEPOT_TEST_DEVICES)
+{
+  // One thread allocates every block (its peaks are exact: the sum of the blocks), then
+  // eight threads free them in a random order, each from the streams it finds, so nearly
+  // every free changes cache into one whose delta holds another thread's frees, while a
+  // reader publishes all along: a thread then finds the shared figures' lock held and
+  // leaves its changes in its last cache's delta (switch_op). Frees only lower the
+  // figures, so no peak may rise past the sum, and the totals must come out exact.
+  depot::allocator_config cfg = quiet_config<D>();
+  depot::caching_allocator<D> a{0, cfg};
+  std::vector<depot::stream<D>> streams(16);
+  const auto seed = depot::test::seed("pool sixteen streams freed at once", 11);
+  std::mt19937_64 rng{seed};
+  struct block {
+    void* p;
+    std::size_t stream;
+    bool named;
+  };
+  std::vector<block> blocks;
+  std::int64_t sum = 0;
+  for (int i = 0; i < 4096; ++i) {
+    const std::size_t n = 512 * (1 + rng() % 16);  // whole units: allocated = requested
+    const std::size_t k = rng() % streams.size();
+    blocks.push_back({a.allocate(n, streams[k]), k, rng() % 2 == 0});
+    sum += static_cast<std::int64_t>(n);
+  }
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  const depot::memory_stats before = a.stats();
+  REQUIRE(before.allocated_bytes.all.current == sum);
+  REQUIRE(before.allocated_bytes.all.peak == sum);
+  std::atomic<bool> done{false};
+  std::atomic<int> inconsistent{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      const depot::memory_stats st = a.stats();
+      if (!consistent(st) || st.allocated_bytes.all.peak != sum || st.allocated_bytes.all.current < 0) {
+        ++inconsistent;
+      }
+    }
+  });
+  std::vector<std::thread> threads;
+  constexpr std::size_t n_threads = 8;
+  const std::size_t share = blocks.size() / n_threads;
+  for (std::size_t t = 0; t < n_threads; ++t) {
+    threads.emplace_back([&, t] {
+      for (std::size_t i = t * share; i < (t + 1) * share; ++i) {
+        if (blocks[i].named) {
+          a.deallocate(blocks[i].p, streams[blocks[i].stream]);
+        } else {
+          a.deallocate(blocks[i].p);
+        }
+      }
+    });
+  }
+  const depot::memory_stats st = join_then_stats(a, threads, done, reader);
+  CHECK(inconsistent.load() == 0);
+  check_all_freed(st);
+  CHECK(st.allocated_bytes.all.peak == sum);
+  CHECK(st.requested_bytes.all.peak == sum);
+  CHECK(st.num_allocations.all.peak == 4096);
   check_invariants(a);
 }
 
