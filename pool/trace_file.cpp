@@ -268,46 +268,41 @@ recorded_trace parse_rmm_csv(std::string_view text, std::string_view name)
 // ---------------------------------------------------------------------------------------
 // depot.trace.v1 JSON, through nlohmann's SAX interface
 
-// The kinds are numbered from 0 without gaps; to_string() names each and answers "unknown" past
-// the last, so a new kind needs only the enum and to_string().
-template <class F>
-void for_each_trace_kind(F&& f)
+// Enumerations numbered from 0 without gaps whose to_string() names each value and answers
+// "unknown" past the last (trace_kind, block_state): a new value needs only the enum and
+// to_string(), and the readers below accept and list it.
+template <class E, class F>
+void for_each_named(F&& f)
 {
   for (unsigned v = 0; v <= 0xff; ++v) {
-    const auto k = static_cast<trace_kind>(v);
-    if (to_string(k) == "unknown") return;
-    f(k);
+    const auto e = static_cast<E>(v);
+    if (to_string(e) == "unknown") return;
+    f(e);
   }
 }
 
-std::optional<trace_kind> kind_from_name(std::string_view s)
+template <class E>
+std::optional<E> from_name(std::string_view s)
 {
-  std::optional<trace_kind> found;
-  for_each_trace_kind([&](trace_kind k) {
-    if (!found && to_string(k) == s) found = k;
+  std::optional<E> found;
+  for_each_named<E>([&](E e) {
+    if (!found && to_string(e) == s) found = e;
   });
   return found;
 }
 
 // "one of alloc, free, ..., segment_move"
-std::string trace_kind_names()
+template <class E>
+std::string names_of()
 {
   std::string out = "one of ";
   const char* separator = "";
-  for_each_trace_kind([&](trace_kind k) {
+  for_each_named<E>([&](E e) {
     out += separator;
-    out += to_string(k);
+    out += to_string(e);
     separator = ", ";
   });
   return out;
-}
-
-std::optional<block_state> state_from_name(std::string_view s)
-{
-  for (block_state b : {block_state::allocated, block_state::pending_free, block_state::free, block_state::unmapped}) {
-    if (to_string(b) == s) return b;
-  }
-  return std::nullopt;
 }
 
 // The depth of a nested value (object or array) a SAX reader skips, an unknown key's or
@@ -492,7 +487,7 @@ class trace_sax {
 
   [[noreturn]] void field_error(const std::string& got)
   {
-    const std::string expected = field_index_ == f_kind        ? trace_kind_names()
+    const std::string expected = field_index_ == f_kind        ? names_of<trace_kind>()
                                  : field_index_ == f_cache_hit ? std::string("true or false")
                                                                : std::string("a non-negative integer");
     fail(name_, event_where() + "field '" + field_ + "': expected " + expected + ", got " + got);
@@ -522,7 +517,7 @@ class trace_sax {
         if (field_index_ < 0) return true;  // an unknown field: skipped
         if (field_index_ == f_kind) {
           if (vk != value_kind::string) field_error(text);
-          const auto k = kind_from_name(string_);
+          const auto k = from_name<trace_kind>(string_);
           if (!k) field_error(shown(string_));
           current_.kind = *k;
         } else if (field_index_ == f_cache_hit) {
@@ -857,8 +852,8 @@ class snapshot_sax {
     blk.size = static_cast<std::size_t>(need_unsigned(block_[b_size], "size", bw));
     blk.requested = static_cast<std::size_t>(need_unsigned(block_[b_requested], "requested", bw));
     const std::string& st = need_string(block_[b_state], "state", bw);
-    const auto state = state_from_name(st);
-    if (!state) sfail(bw + "field 'state': expected allocated, pending_free, free or unmapped, got " + shown(st));
+    const auto state = from_name<block_state>(st);
+    if (!state) sfail(bw + "field 'state': expected " + names_of<block_state>() + ", got " + shown(st));
     blk.state = *state;
     if (const field_value& kp = block_[b_kept]; kp.k != field_value::kind::none) {  // optional
       if (kp.k != field_value::kind::boolean) sfail(bw + "field 'kept': expected true or false, got " + kp.text);

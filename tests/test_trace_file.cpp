@@ -461,7 +461,7 @@ TEST_CASE("trace: files that are missing, unreadable or not snapshots")
   };
   const std::vector<bad_case> cases{
       {good.substr(0, good.size() / 2), {"invalid JSON", "truncated"}},
-      {replace("\"state\":\"free\"", "\"state\":\"gone\""), {"segment 0", "block 1", "'state'", "'gone'"}},
+      {replace("\"state\":\"free\"", "\"state\":\"gone\""), {"segment 0", "block 1", "'state'", "'gone'", "one of allocated, pending_free, free, unmapped, got"}},
       {replace("\"size\":512", "\"size\":\"512\""), {"segment 0", "block 0", "'size'"}},
       {replace("\"address\":1536", "\"address\":1600"), {"block 1", "tile"}},
       {replace("\"size\":1536", "\"size\":1000"), {"segment 0", "cover"}},
