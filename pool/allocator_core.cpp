@@ -1822,6 +1822,38 @@ struct thread_caches {
 static_assert(sizeof(thread_caches) <= 176);
 [[gnu::tls_model("initial-exec")]] thread_local thread_caches tl_caches;
 
+// What a thread found lately where its first look misses, by hash of a key (direct-mapped,
+// 64 slots; a newer key takes an older one's slot). Read only when those first looks miss,
+// so in the default TLS model (not in the static TLS that initial-exec draws on, of which a
+// library loaded with dlopen gets little).
+template <class Entry>
+struct recent_table {
+  std::array<Entry, 64> slots{};
+  Entry& slot(std::uintptr_t key) noexcept
+  {
+    // (keys are pointers or address frames: Fibonacci hashing, the top six bits)
+    return slots[static_cast<std::size_t>((key * std::uintptr_t{0x9E3779B97F4A7C15ULL}) >> 58U)];
+  }
+};
+
+// The streams beyond tl_caches' four (entries valid as tl_caches.entries are): a thread that
+// works on more than four streams finds their caches here, without the registry's shared
+// lock, whose count of readers is one cache line that every thread writes twice (16
+// threads freeing the blocks of 16 streams, named, took it at 3 of 4 frees).
+thread_local recent_table<thread_caches::entry> tl_streams;
+
+// The cache where an unnamed free of an address in a 2 MiB frame (k_small_segment) found
+// its block (owner: the allocator's id). A guess, checked under that cache's lock: a live block's segment never
+// changes cache, and a guess that misses costs one lock. So a thread freeing blocks of many
+// streams' segments asks the directory of segments (a shared lock, one line for all
+// threads) once a frame, not once a free.
+struct frame_hint {
+  std::uint64_t owner = 0;
+  std::uintptr_t frame = 0;
+  stream_cache* cache = nullptr;
+};
+thread_local recent_table<frame_hint> tl_frames;
+
 }  // namespace
 
 // Where other processes count themselves as importers of this allocator's exported
@@ -2281,8 +2313,11 @@ struct allocator_core::impl {
   {
     thread_caches& tc = tl_caches;
     stream_cache* c = nullptr;
-    std::uint64_t valid_for = 0;
-    {
+    std::uint64_t valid_for = route.load(std::memory_order_relaxed);
+    thread_caches::entry& slot = tl_streams.slot(reinterpret_cast<std::uintptr_t>(s));
+    if (slot.owner == valid_for && slot.stream == s) {
+      c = slot.cache;
+    } else {
       std::shared_lock r{registry_mu};
       valid_for = route.load(std::memory_order_relaxed);
       if (auto it = by_stream.find(s); it != by_stream.end()) c = it->second;
@@ -2316,6 +2351,7 @@ struct allocator_core::impl {
     }
     thread_caches::to_front(tc.entries, tc.entries.size() - 1);
     tc.entries[0] = thread_caches::entry{valid_for, s, c};
+    slot = tc.entries[0];
     return c;
   }
 
@@ -4529,8 +4565,9 @@ struct allocator_core::impl {
     return b;
   }
 
-  // lookup() past the hinted cache: the cache of this thread's last operation here, then
-  // every other cache, or the error. A thread that frees what another made (a consumer)
+  // lookup() past the hinted cache: the cache where this thread found a block of ptr's 2 MiB
+  // frame last (tl_frames), the cache of this thread's last operation here, the cache the
+  // directory of segments names, then every other cache, or the error. A thread that frees what another made (a consumer)
   // finds its next block where it found the last: the frees of a producer's blocks on the
   // last of 16 streams walked 15 caches each, 1.28 us a free against 27 ns named (depot-bench
   // alloc's "frees from another thread", BENCHMARKS.md). The walk: the caches one at a time,
@@ -4547,15 +4584,28 @@ struct allocator_core::impl {
         break;
       }
     }
-    if (last != nullptr && last != hint) {
-      if (auto found = lookup_in(*last, ptr, erase); found.first.found()) return found;
+    // Where this thread found a block of ptr's frame last (tl_frames).
+    const std::uintptr_t frame = reinterpret_cast<std::uintptr_t>(ptr) / k_small_segment;
+    frame_hint& seen = tl_frames.slot(frame);
+    stream_cache* const guess = seen.owner == id && seen.frame == frame ? seen.cache : nullptr;
+    if (guess != nullptr && guess != hint) {
+      if (auto found = lookup_in(*guess, ptr, erase); found.first.found()) return found;
+    }
+    if (last != nullptr && last != hint && last != guess) {
+      if (auto found = lookup_in(*last, ptr, erase); found.first.found()) {
+        seen = frame_hint{id, frame, last};
+        return found;
+      }
     }
     // The cache whose segment holds ptr. (A live block's segment stays in its cache: only
     // whole free segments move. The walk below stays for what this does not find: a
     // double free's error, or a pointer from elsewhere.)
     stream_cache* const owner = directory.owner_of(reinterpret_cast<std::uintptr_t>(ptr));
-    if (owner != nullptr && owner != hint && owner != last) {
-      if (auto found = lookup_in(*owner, ptr, erase); found.first.found()) return found;
+    if (owner != nullptr && owner != hint && owner != last && owner != guess) {
+      if (auto found = lookup_in(*owner, ptr, erase); found.first.found()) {
+        seen = frame_hint{id, frame, owner};
+        return found;
+      }
     }
     for (std::size_t i = 0;; ++i) {
       stream_cache* c = nullptr;
@@ -4564,7 +4614,7 @@ struct allocator_core::impl {
         if (i >= caches.size()) break;
         c = caches[i].get();
       }
-      if (c == hint || c == last || c == owner) continue;
+      if (c == hint || c == last || c == owner || c == guess) continue;
       if (auto found = lookup_in(*c, ptr, erase); found.first.found()) return found;
     }
     throw invalid_argument("depot: " + dev.to_string() + " caching allocator: pointer " +

@@ -7727,6 +7727,38 @@ TEST_CASE_TEMPLATE("pool: frees from another stream or another thread find their
   check_invariants(a);
 }
 
+TEST_CASE_TEMPLATE("pool: an unnamed free whose frame's segment moved to another cache still finds its block", D,
+                   DEPOT_TEST_DEVICES)
+{
+  // A thread remembers where an unnamed free of each 2 MiB frame found its block (a guess,
+  // checked under that cache's lock). Here the frame's segment moves to another stream's
+  // cache (a destroyed stream's free segment taken over) and a block of it is freed by the
+  // same thread: the stale guess misses, and the free still finds the block.
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  std::thread worker{[&] {
+    depot::stream<D> sx;
+    auto sa = std::make_unique<depot::stream<D>>();
+    void* keep = a.allocate(5 * MiB, *sa);  // a's cache keeps a block in use: not a spare
+    void* p = a.allocate(4096, *sa);
+    a.deallocate(a.allocate(4096, sx), sx);  // the thread's last stream: x
+    a.deallocate(p);                         // unnamed: found through the directory, a's
+    sa->synchronize();
+    sa.reset();  // a destroyed: its whole free small segment is taken over by the next
+    depot::stream<D> sb;
+    void* r = a.allocate(4096, sb);  // b's cache grows by taking a's free segment
+    const auto frame = [](void* q) { return reinterpret_cast<std::uintptr_t>(q) >> 21U; };
+    REQUIRE(frame(r) == frame(p));
+    a.deallocate(a.allocate(4096, sx), sx);  // the last stream x again, so the guess is asked
+    a.deallocate(r);                         // the guess (a) misses; b's block is found
+    CHECK(a.stats().allocated_bytes.all.current == static_cast<std::int64_t>(5 * MiB));
+    CHECK_THROWS_AS(a.deallocate(r), depot::invalid_argument);  // and it is freed once
+    a.deallocate(keep);
+  }};
+  worker.join();
+  CHECK(a.stats().allocated_bytes.all.current == 0);
+  check_invariants(a);
+}
+
 TEST_CASE_TEMPLATE("pool: a free whose stream cannot take an event still frees its block", D,
                    DEPOT_TEST_DEVICES)
 {
