@@ -1843,10 +1843,10 @@ struct recent_table {
 thread_local recent_table<thread_caches::entry> tl_streams;
 
 // The cache where an unnamed free of an address in a 2 MiB frame (k_small_segment) found
-// its block (owner: the allocator's id). A guess, checked under that cache's lock: a live block's segment never
-// changes cache, and a guess that misses costs one lock. So a thread freeing blocks of many
-// streams' segments asks the directory of segments (a shared lock, one line for all
-// threads) once a frame, not once a free.
+// its block (owner: the allocator's id). A guess, checked under that cache's lock: a live
+// block's segment never changes cache, and a guess that misses costs one lock. So a thread
+// freeing blocks of many streams' segments asks the directory of segments (a shared lock,
+// one line for all threads) once a frame, not once a free.
 struct frame_hint {
   std::uint64_t owner = 0;
   std::uintptr_t frame = 0;
@@ -2162,8 +2162,9 @@ struct allocator_core::impl {
     // with that cache's next changes (whichever thread makes them) or by a reader, as when
     // threads share a stream. Only threads at work at once find the shared figures' lock
     // held, so one thread's changes are still in one delta; sixteen threads freeing blocks
-    // of sixteen streams at once published at nearly every free, one at a time (~4.5 us a
-    // free each, linear in the threads: depot-bench alloc's frees by C threads).
+    // of sixteen streams at once published at nearly every free, one at a time (leaving
+    // them: 4.8-5.5 -> 3.7-4.6 us a free at 16 threads, depot-bench alloc's frees by C
+    // threads on the H100 host).
     const bool locked = c.mu.try_lock();
     if (previous->delta->dirty != 0) {
       if (locked && c.delta->can_take(*previous->delta)) {
@@ -4565,12 +4566,13 @@ struct allocator_core::impl {
     return b;
   }
 
-  // lookup() past the hinted cache: the cache where this thread found a block of ptr's 2 MiB
-  // frame last (tl_frames), the cache of this thread's last operation here, the cache the
-  // directory of segments names, then every other cache, or the error. A thread that frees what another made (a consumer)
-  // finds its next block where it found the last: the frees of a producer's blocks on the
-  // last of 16 streams walked 15 caches each, 1.28 us a free against 27 ns named (depot-bench
-  // alloc's "frees from another thread", BENCHMARKS.md). The walk: the caches one at a time,
+  // lookup() past the hinted cache: the cache where this thread found a block of ptr's
+  // 2 MiB frame last (tl_frames), the cache of this thread's last operation here, the cache
+  // the directory of segments names, then every other cache, or the error. A thread that
+  // frees what another made (a consumer) finds its next block where it found the last: the
+  // frees of a producer's blocks on the last of 16 streams walked 15 caches each, 1.28 us a
+  // free against 27 ns named (depot-bench alloc's "frees from another thread",
+  // BENCHMARKS.md). The walk: the caches one at a time,
   // each read under the registry's lock and searched after it is given back (no cache lock
   // is taken under it): caches are only ever appended, so an index walks them all. Nothing
   // allocated: a free must not fail for host memory (a copy of the list here made frees on
@@ -4629,6 +4631,9 @@ struct allocator_core::impl {
   {
     while (c->stream != s) {
       c->mu.unlock();
+      // (not the thread's table again: a cache taken over before the route changed, which
+      // the registry's lock waits out)
+      tl_streams.slot(reinterpret_cast<std::uintptr_t>(s)) = {};
       c = find_cache(s, true);
       lock_for_op(*c);
     }
