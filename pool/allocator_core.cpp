@@ -2105,6 +2105,7 @@ struct allocator_core::impl {
   // revokes, and given back before the next chunk's; each need only be taken once.
   void drain()
   {
+    const sweep_scope counted{*this};
     const std::lock_guard g{grow_mu};
     std::shared_lock r{registry_mu};
     std::array<cache_mutex*, 64> chunk{};
@@ -2147,25 +2148,34 @@ struct allocator_core::impl {
       op_entry_to_front();
     }
     stream_cache* previous = std::exchange(tc.ops[0].cache, &c);
-    if (previous == nullptr || previous == &c) {
-      c.mu.lock();
-      return;
+    c.mu.lock();
+    if (previous == nullptr || previous == &c) return;
+    // The previous cache's lock with try_lock (never blocking while holding a cache lock).
+    // Held by another thread: one at work there (its changes and this thread's then share
+    // that cache's delta, as when threads share a stream: they stay there), or a reader of
+    // every cache (sweeping; counted before it takes its first lock): then the two locks in
+    // the other order, c given back while this thread waits for the previous one, so that
+    // one thread's changes stay in one delta beside a reader (16 threads freeing each
+    // other's blocks waited for the previous cache at nearly every free: 3.1-3.9 -> 2.6-2.9
+    // us a free, depot-bench alloc's frees by C threads on the H100 host).
+    bool locked = true;
+    if (!previous->mu.try_lock()) {
+      if (sweeping.load(std::memory_order_seq_cst) == 0) return;
+      c.mu.unlock();
+      previous->mu.lock();
+      locked = c.mu.try_lock();
     }
-    previous->mu.lock();
-    // c's lock with try_lock (never blocking while holding a cache lock): taken, the
-    // previous cache's changes move to c by swapping the two caches' deltas where c's is
-    // empty, and c stays locked for the operation. A swap costs tens of instructions where a
-    // publish cost ~300 (a thread alternating among 4 streams changes cache at most of its
-    // operations). The delta keeps its place as the one published last or kept past its
-    // batch (shared_stats::settle). Otherwise they are published, unless another thread is
-    // publishing at that moment: then they stay in the previous cache's delta, published
-    // with that cache's next changes (whichever thread makes them) or by a reader, as when
-    // threads share a stream. Only threads at work at once find the shared figures' lock
-    // held, so one thread's changes are still in one delta; sixteen threads freeing blocks
-    // of sixteen streams at once published at nearly every free, one at a time (leaving
-    // them: 4.8-5.5 -> 3.7-4.6 us a free at 16 threads, depot-bench alloc's frees by C
-    // threads on the H100 host).
-    const bool locked = c.mu.try_lock();
+    // Taken both: the previous cache's changes move to c by swapping the two caches' deltas
+    // where c's is empty, and c stays locked for the operation. A swap costs tens of
+    // instructions where a publish cost ~300 (a thread alternating among 4 streams changes
+    // cache at most of its operations). The delta keeps its place as the one published last
+    // or kept past its batch (shared_stats::settle). Otherwise they are published, unless
+    // another thread is publishing at that moment: then they stay in the previous cache's
+    // delta, published with that cache's next changes (whichever thread makes them) or by a
+    // reader, as when threads share a stream. Only threads at work at once find the shared
+    // figures' lock held, so one thread's changes are still in one delta; sixteen threads
+    // freeing blocks of sixteen streams at once published at nearly every free, one at a
+    // time (leaving them: 4.8-5.5 -> 3.7-4.6 us a free at 16 threads, the same bench).
     if (previous->delta->dirty != 0) {
       if (locked && c.delta->can_take(*previous->delta)) {
         std::swap(previous->delta, c.delta);
@@ -3377,8 +3387,7 @@ struct allocator_core::impl {
   {
     publish_own();
     std::shared_lock r{registry_mu};
-    std::vector<std::unique_lock<cache_mutex>> locks;
-    lock_all(locks);
+    const all_locks locks{*this};
     struct peaks_at_end {  // (also when the backend throws half-way)
       shared_stats& figures;
       ~peaks_at_end() { figures.raise_to_current(); }
@@ -3676,6 +3685,7 @@ struct allocator_core::impl {
   template <class F>
   void each_cache_locked(F f) const noexcept
   {
+    const sweep_scope counted{*this};
     std::vector<stream_cache*> rest;
     std::vector<cache_mutex*> mus;
     try {
@@ -4647,6 +4657,28 @@ struct allocator_core::impl {
     return t.owner == route.load(std::memory_order_relaxed) ? t.cache : nullptr;
   }
 
+  // Readers that take every cache's lock (stats(), snapshot(), empty_cache() and the like:
+  // all_locks, each_cache_locked, drain) count themselves here while they do: a thread
+  // whose change of cache finds its previous cache held waits for it only then
+  // (switch_op). seq_cst: the count rises before the first lock is taken.
+  mutable std::atomic<int> sweeping{0};
+  struct sweep_scope {
+    explicit sweep_scope(const impl& m) noexcept : m_{m} { m_.sweeping.fetch_add(1, std::memory_order_seq_cst); }
+    sweep_scope(const sweep_scope&) = delete;
+    sweep_scope& operator=(const sweep_scope&) = delete;
+    ~sweep_scope() { m_.sweeping.fetch_sub(1, std::memory_order_release); }
+    const impl& m_;
+  };
+  // Every cache's lock (lock_all), held as long as this lives, counted in `sweeping`.
+  class all_locks {
+   public:
+    explicit all_locks(const impl& m) : counted_{m} { m.lock_all(locks_); }
+
+   private:
+    sweep_scope counted_;  // (first: counted before the locks are taken and after they go)
+    std::vector<std::unique_lock<cache_mutex>> locks_;
+  };
+
   // Every cache's lock, in registry order, with one barrier for all the biases revoked
   // (a lock each paid one per cache biased to another thread: 2-13 us each on the hosts
   // measured, BENCHMARKS.md).
@@ -4711,8 +4743,7 @@ struct allocator_core::impl {
   void reset_stats(bool totals)
   {
     std::shared_lock r{registry_mu};
-    std::vector<std::unique_lock<cache_mutex>> locks;
-    lock_all(locks);
+    const all_locks locks{*this};
     publish_all();
     if (totals) {
       hits_base = 0;
@@ -4726,8 +4757,7 @@ struct allocator_core::impl {
   memory_stats stats() const
   {
     std::shared_lock r{registry_mu};
-    std::vector<std::unique_lock<cache_mutex>> locks;
-    lock_all(locks);
+    const all_locks locks{*this};
     publish_all();
     return stats_locked();
   }
@@ -5293,8 +5323,7 @@ std::string allocator_core::check_directory() const
 {
   const impl& m = *impl_;
   std::shared_lock r{m.registry_mu};
-  std::vector<std::unique_lock<cache_mutex>> locks;
-  m.lock_all(locks);
+  const impl::all_locks locks{m};
   std::size_t segments = 0;
   for (const auto& c : m.caches) {
     const std::size_t before = segments;
@@ -5334,8 +5363,7 @@ std::string allocator_core::check_small_bits() const
 {
   const impl& m = *impl_;
   std::shared_lock r{m.registry_mu};
-  std::vector<std::unique_lock<cache_mutex>> locks;
-  m.lock_all(locks);
+  const impl::all_locks locks{m};
   for (const auto& c : m.caches) {
     // The reuse lists: every block on them flagged, of the list's size, counted in
     // reuse_units; every flagged block on one.
@@ -5408,8 +5436,7 @@ allocator_snapshot allocator_core::snapshot() const
 {
   const impl& m = *impl_;
   std::shared_lock r{m.registry_mu};
-  std::vector<std::unique_lock<cache_mutex>> locks;
-  m.lock_all(locks);
+  const impl::all_locks locks{m};
   allocator_snapshot snap;
   snap.device = m.dev;
   for (const auto& c : m.caches) {
