@@ -5856,9 +5856,9 @@ TEST_CASE_TEMPLATE("pool: four threads sharing four streams, and a reader of the
                    DEPOT_TEST_DEVICES)
 {
   // Every thread alternates among the same four streams, so a thread's change of cache
-  // often finds the next cache held by another thread (its changes are then published, or
-  // stay in its last cache's delta while another thread publishes) or free (the two caches
-  // swap deltas), while a reader publishes every cache's all along.
+  // often finds the previous cache held by another thread (its changes then stay there) or
+  // free (the two caches swap deltas, or its changes are published, or stay there while
+  // another thread publishes), while a reader publishes every cache's all along.
   // Whatever moved where, the totals must come out exact and every figure consistent.
   depot::allocator_config cfg = quiet_config<D>();
   SUBCASE("the default batch") {}
@@ -5916,8 +5916,9 @@ TEST_CASE_TEMPLATE("pool: eight threads free the blocks of sixteen streams at on
   // One thread allocates every block (its peaks are exact: the sum of the blocks), then
   // eight threads free them in a random order, each from the streams it finds, so nearly
   // every free changes cache into one whose delta holds another thread's frees, while a
-  // reader publishes all along: a thread then finds the shared figures' lock held and
-  // leaves its changes in its last cache's delta (switch_op). Frees only lower the
+  // reader publishes all along: a thread then finds the shared figures' lock or its
+  // previous cache held by another thread and leaves its changes in that cache's delta
+  // (switch_op). Frees only lower the
   // figures, so no peak may rise past the sum, and the totals must come out exact.
   depot::allocator_config cfg = quiet_config<D>();
   depot::caching_allocator<D> a{0, cfg};
