@@ -844,8 +844,6 @@ class spin_lock {
     }
   }
   void unlock() noexcept { held_.store(false, std::memory_order_release); }
-  // Whether another thread holds it now (a racy read: a hint, not a try_lock).
-  [[nodiscard]] bool busy() const noexcept { return held_.load(std::memory_order_relaxed); }
 
  private:
   std::atomic<bool> held_{false};
@@ -913,13 +911,11 @@ struct stat_delta {
   std::uint64_t opened_at = 0;  // shared_stats::publishes when they were set
   std::int64_t batch = 0;   // allocator_config::stats_batch: the largest |net| kept
   // The drift checks' bound: batch, or no bound while the delta is kept past it
-  // (overdrawn): it is then published by the next other cache that publishes (when its
-  // lock is free) or after k_max_ops, so the checks need not fire again at every operation
-  // (at 64 MiB requests they did: a call and two unpredictable branches per operation).
+  // (overdrawn): it is then published by its thread's next due operation (k_max_ops
+  // operations, or a change of segments), by a reader or as its thread exits, so the
+  // checks need not fire again at every operation (at 64 MiB requests they did: a call and
+  // two unpredictable branches per operation).
   std::int64_t limit = 0;
-  // The lock of the cache it belongs to: changed only under that lock and the new one's
-  // (a delta moves between caches, switch_op), so holding the lock it names keeps it there.
-  std::atomic<cache_mutex*> owner{nullptr};
   static constexpr std::int64_t k_no_limit = std::numeric_limits<std::int64_t>::max() / 4;
   // Drifted past batch and kept (shared_stats::settle) until published.
   [[nodiscard]] bool overdrawn() const noexcept { return limit == k_no_limit; }
@@ -949,20 +945,9 @@ struct stat_delta {
   static constexpr std::uint32_t k_settle = k_due_bits | ~(k_max_ops * k_op_count - 1U);
   static_assert(k_max_ops * k_op_count == 1U << 16);
 
-  stat_delta(std::size_t stats_batch, cache_mutex& m)
-      : batch{static_cast<std::int64_t>(stats_batch)}, limit{batch}, owner{&m}
+  explicit stat_delta(std::size_t stats_batch) noexcept
+      : batch{static_cast<std::int64_t>(stats_batch)}, limit{batch}
   {
-  }
-
-  // Whether this delta may change places with `from` (a move: see
-  // allocator_core::impl::switch_op): both between operations, nothing due, this one
-  // empty (published: every cell 0, no headroom set) and not kept past its batch.
-  // (one test of the fields or'd together: the conditions as a chain of && cost a thread
-  // alternating among four streams ~24 instructions per pair)
-  [[nodiscard]] bool can_take(const stat_delta& from) const noexcept
-  {
-    return (dirty | op | (due & ~due_fresh) | std::uint32_t{opened} | std::uint32_t{overdrawn()} | from.op |
-            (from.due & (due_now | due_drift))) == 0;
   }
 
   // (shifts, not selects: each small bit is its large bit's next)
@@ -1223,19 +1208,19 @@ static_assert(stat_delta::cells_of(stat_delta::op_large) == 0 && stat_delta::cel
 // Per pool and quantity: current, added (since the last reset of totals), peak; freed =
 // added - (current - base), base being current at that reset. "all" figures are the pools'
 // sums. A peak is the highest value at an operation boundary: exact while at most one
-// cache holds unpublished changes (one thread, whatever its streams: a thread's changes
-// move with it to the cache it moves to, or are published then; or threads sharing one
-// stream; changes made in other caches than the thread's own, by flush_all, are published
-// at once, after the thread's own); with
-// threads on several streams at once, off by at most what the other caches hold unpublished
-// (a peak of bytes by stats_batch per other cache, a count by 256 per other cache; a cache
-// that drifts past stats_batch while it was the last to publish, i.e. ran alone, publishes
-// only once another cache has published or after 256 operations: publishing at every
-// 64 MiB allocation cost one thread ~270 instructions per pair, for no figure it can see).
+// delta holds unpublished changes (one thread at work, whatever its streams: a thread
+// counts its operations in a delta of its own, whichever cache it works on (the caches'
+// own deltas take what is changed under every cache's lock, by flush_all, and a cache a
+// segment is moved out of: both published at once); with several threads at work at
+// once, off by at most what the others hold unpublished (a peak of bytes by stats_batch
+// per other thread, a count by 256 per other thread; a thread that drifts past
+// stats_batch while it was the last to publish, i.e. ran alone, publishes at its 256th
+// operation, at a change of segments, as it exits, or when a reader looks: publishing at
+// every 64 MiB allocation cost one thread ~270 instructions per pair, for no figure it
+// can see).
 struct shared_stats {
   alignas(64) spin_lock mu;
   std::atomic<const stat_delta*> last{nullptr};  // the delta published last (written under mu)
-  std::atomic<stat_delta*> overdrawn{nullptr};   // a delta kept past its batch (settle)
   std::uint64_t publishes = 0;                   // publish() calls so far (under mu)
   std::array<std::atomic<std::int64_t>, 16> value{};  // current figures
   std::array<std::atomic<std::int64_t>, 16> added{};
@@ -1345,28 +1330,16 @@ struct shared_stats {
   }
 
   // At the end of an operation that made a delta due, or the first since it was published
-  // (caller holds that cache's lock). First another cache's delta kept past its batch is
-  // published (when its lock is free and not biased to another thread: else its own
-  // thread is in an operation and settles at its end, or publishes within its 256
-  // operations; a revocation here would cost a barrier per operation), so a cache that ran alone does not keep its drift from the peaks the
-  // others take in. Then this one is published, unless it is due only because a figure
-  // drifted, no other delta was published since it was and stats_batch is not 0 (exact
-  // peaks asked for): then it is kept, and marked.
+  // (caller holds the lock of the cache it worked on: see allocator_core::impl's
+  // thread_stats). It is published, unless it is due only because a figure drifted, no
+  // other delta was published since it was and stats_batch is not 0 (exact peaks asked
+  // for): then it is kept, and marked (overdrawn). No other thread publishes it then (a
+  // thread's delta is only ever under the lock of the cache it is working on, which
+  // another thread cannot know without a lock of its own per operation): its thread does
+  // within k_max_ops operations, or a reader, or its exit.
   [[gnu::noinline]] void settle(stat_delta& d) noexcept
   {
     const bool fresh = (d.due & stat_delta::due_fresh) != 0;
-    // acquire: pairs with the release below, so the kept delta's cache (made by another
-    // thread) is seen whole before its lock is tried.
-    if (stat_delta* o = overdrawn.load(std::memory_order_acquire); o != nullptr && o != &d) {
-      // acquire: pairs with switch_op's release, so a cache the delta moved to (made by
-      // another thread since the delta was marked) is seen whole before its lock is tried
-      cache_mutex* const m = o->owner.load(std::memory_order_acquire);
-      if (m->try_lock_unbiased()) {  // biased to its thread: it publishes itself
-        // still that cache's (it may have moved before the lock was taken)
-        if (o->owner.load(std::memory_order_relaxed) == m && o->overdrawn()) publish(*o);
-        m->unlock();
-      }
-    }
     if (d.due_at_once() ||
         ((d.due & stat_delta::due_drift) != 0 && (last.load(std::memory_order_relaxed) != &d || d.batch == 0))) {
       publish(d);
@@ -1376,7 +1349,6 @@ struct shared_stats {
     if ((d.due & stat_delta::due_drift) != 0 && !d.overdrawn()) {
       d.limit = stat_delta::k_no_limit;
       d.drop_bound();  // (the bounds held the limit)
-      overdrawn.store(&d, std::memory_order_release);
     }
     d.due &= ~stat_delta::k_due_bits;  // the operations stay counted
   }
@@ -1404,11 +1376,7 @@ struct shared_stats {
       raise_to_figures(d);
     }
     ++publishes;
-    if (d.overdrawn()) {
-      d.limit = d.batch;
-      stat_delta* self = &d;
-      overdrawn.compare_exchange_strong(self, nullptr, std::memory_order_relaxed);
-    }
+    if (d.overdrawn()) d.limit = d.batch;
     // Straight-line over the hot quantities (a cell that did not change holds net, added and
     // high 0, and its peak is at least its value, so taking it in changes nothing): at 64 MiB
     // requests every operation drifts past the batch and publishes, and a loop over the
@@ -1527,7 +1495,7 @@ struct stream_cache {
   stream_cache(native_stream s, const segment_table& t, const allocator_config& cfg)
       : stream{s}, mu{cfg.biased_locks}, small{t},
         reuse_cap{static_cast<std::uint32_t>(cfg.small_reuse_bytes >> k_unit_shift)},
-        delta{std::make_unique<stat_delta>(cfg.stats_batch, mu)}
+        home{cfg.stats_batch}
   {
   }
   // Its stream: a pool's changes when a capture on another takes it up, a closed stream's
@@ -1634,10 +1602,12 @@ struct stream_cache {
   // what a stream's destruction looks through (forget_uses), not every live block.
   std::unordered_set<block*> listed;
   std::int64_t hits = 0;      // allocations served from this cache without growing
-  // Statistics changed by the operation under way and not yet published. Its own heap
-  // object, so a thread that moves to another cache can hand its changes over by swapping
-  // two pointers (switch_op).
-  std::unique_ptr<stat_delta> delta;
+  // Where the operation under way counts its changes to the statistics: the delta of the
+  // thread holding the lock (allocator_core::impl::lock_for_op), or `home` (readers of
+  // every cache, a cache locked beside another). `home` whenever the lock is free (every
+  // unlock puts it back), so no thread's delta is reached through an unlocked cache.
+  stat_delta home;
+  stat_delta* delta = &home;
   // A graph capture pool's cache (the pool's id; 0: a stream's): only captures into that
   // pool allocate from it, and no other cache takes its memory until the pool is released.
   std::uint64_t capture_pool = 0;
@@ -1739,13 +1709,13 @@ struct stream_cache {
   }
 };
 
-// A stream cache's lock (movable, may be empty). Giving it back ends the operation under
-// way in the cache's statistics (and publishes them when due), so a reader that takes the
-// cache lock never sees an operation half-counted.
+// A stream cache's lock (movable, may be empty), taken by allocator_core::impl::lock (or
+// adopted). Giving it back ends the operation under way in the statistics (and publishes
+// them when due), so a reader that takes the cache lock never sees an operation
+// half-counted, and puts the cache's own delta back.
 class cache_lock {
  public:
   cache_lock() = default;
-  cache_lock(shared_stats& s, stream_cache& c) : stats_{&s}, cache_{&c} { c.mu.lock(); }
   cache_lock(shared_stats& s, stream_cache& c, std::adopt_lock_t) noexcept : stats_{&s}, cache_{&c} {}
   cache_lock(cache_lock&& o) noexcept : stats_{o.stats_}, cache_{std::exchange(o.cache_, nullptr)} {}
   cache_lock(const cache_lock&) = delete;
@@ -1767,7 +1737,9 @@ class cache_lock {
         stats_->settle(d);
       }
     }
-    std::exchange(cache_, nullptr)->mu.unlock();
+    stream_cache* const c = std::exchange(cache_, nullptr);
+    c->delta = &c->home;
+    c->mu.unlock();
   }
   [[nodiscard]] stream_cache& cache() const noexcept { return *cache_; }
  private:
@@ -1782,6 +1754,19 @@ std::atomic<std::uint64_t> next_allocator_id{1};
 // capture mode forbids unsafe calls on every thread, whatever the device or allocator.
 std::array<std::atomic<int>, 4> process_captures{};
 
+// A thread's statistics delta on one allocator: what its operations there changed and have
+// not published, whichever caches they were on (a change of stream costs nothing: where
+// the deltas were the caches', a thread's changes moved with it by swapping two caches'
+// deltas under both their locks). Touched by its thread under the lock of the cache it
+// works on, or by a reader holding every cache's lock, never otherwise. Owned by the
+// allocator; a later thread takes it over once its thread has exited (published first).
+struct alignas(64) thread_stats {
+  explicit thread_stats(std::size_t stats_batch) noexcept : delta{stats_batch} {}
+  stat_delta delta;
+  stream_cache* last = nullptr;  // the cache of the thread's last operation (its thread's)
+  std::uint64_t thread = 0;      // its thread's token; 0: free (under impl::stats_mu)
+};
+
 // The stream caches a thread used last (a thread often alternates between a few streams,
 // e.g. compute and copies): found without the registry's lock. An entry is valid for the
 // allocator whose id it holds (ids are never reused; caches live as long as their allocator).
@@ -1792,11 +1777,10 @@ struct thread_caches {
     stream_cache* cache = nullptr;
   };
   std::array<entry, 4> entries{};  // the one used last first, then the others (no order kept)
-  // Per allocator (the last four this thread used): the cache of the thread's last
-  // allocation or free there, whose statistics may be unpublished.
+  // Per allocator (the last four this thread used): the thread's statistics there.
   struct op_entry {
     std::uint64_t owner = 0;
-    stream_cache* cache = nullptr;
+    thread_stats* stats = nullptr;
   };
   std::array<op_entry, 4> ops{};  // the one used last first, then in order of use
   // Both kept most recent first (a miss moves its entry to the front, a new one replaces
@@ -2105,7 +2089,6 @@ struct allocator_core::impl {
   // revokes, and given back before the next chunk's; each need only be taken once.
   void drain()
   {
-    const sweep_scope counted{*this};
     const std::lock_guard g{grow_mu};
     std::shared_lock r{registry_mu};
     std::array<cache_mutex*, 64> chunk{};
@@ -2126,95 +2109,116 @@ struct allocator_core::impl {
   // which changes no figure they could see.
   mutable shared_stats figures;
 
-  // Locks `c` for an allocation or free (no cache lock held). When this thread's previous
-  // operation here was on another cache, that cache's unpublished changes move to c (the
-  // caches swap deltas) or are published, so at most one cache holds a thread's
-  // unpublished changes and one thread's peaks are exact (the thread remembers its last
-  // four allocators; a fifth's caches publish as their batches fill).
+  // Locks `c` for an allocation or free, or any work of this thread on c alone (no cache
+  // lock held): its changes to the statistics count in the thread's delta here
+  // (thread_stats), taken at the thread's first operation here (or again after a fifth
+  // allocator took its entry), so one thread's unpublished changes are in one delta
+  // whatever its streams, and its peaks exact.
   [[gnu::always_inline]] void lock_for_op(stream_cache& c) noexcept
   {
     const thread_caches::op_entry& e = tl_caches.ops[0];
-    if (e.owner == id && e.cache == &c) [[likely]] {
-      c.mu.lock();
+    if (e.owner != id) [[unlikely]] {
+      lock_for_first_op(c);
       return;
     }
-    switch_op(c);
-  }
-  [[gnu::noinline]] void switch_op(stream_cache& c) noexcept
-  {
-    thread_caches& tc = tl_caches;
-    // (the thread's last operation was most often this allocator's: a stream change)
-    if (tc.ops[0].owner != id) [[unlikely]] {
-      op_entry_to_front();
-    }
-    stream_cache* previous = std::exchange(tc.ops[0].cache, &c);
+    thread_stats* const t = e.stats;
     c.mu.lock();
-    if (previous == nullptr || previous == &c) return;
-    // The previous cache's lock with try_lock (never blocking while holding a cache lock).
-    // Held by another thread: one at work there (its changes and this thread's then share
-    // that cache's delta, as when threads share a stream: they stay there), or a reader of
-    // every cache (sweeping; counted before it takes its first lock): then the two locks in
-    // the other order, c given back while this thread waits for the previous one, so that
-    // one thread's changes stay in one delta beside a reader (16 threads freeing each
-    // other's blocks waited for the previous cache at nearly every free: 3.1-3.9 -> 2.6-2.9
-    // us a free, depot-bench alloc's frees by C threads on the H100 host).
-    bool locked = true;
-    if (!previous->mu.try_lock()) {
-      if (sweeping.load(std::memory_order_seq_cst) == 0) return;
-      c.mu.unlock();
-      previous->mu.lock();
-      locked = c.mu.try_lock();
-    }
-    // Taken both: the previous cache's changes move to c by swapping the two caches' deltas
-    // where c's is empty, and c stays locked for the operation. A swap costs tens of
-    // instructions where a publish cost ~300 (a thread alternating among 4 streams changes
-    // cache at most of its operations). The delta keeps its place as the one published last
-    // or kept past its batch (shared_stats::settle). Otherwise they are published, unless
-    // another thread is publishing at that moment: then they stay in the previous cache's
-    // delta, published with that cache's next changes (whichever thread makes them) or by a
-    // reader, as when threads share a stream. Only threads at work at once find the shared
-    // figures' lock held, so one thread's changes are still in one delta; sixteen threads
-    // freeing blocks of sixteen streams at once published at nearly every free, one at a
-    // time (leaving them: 4.8-5.5 -> 3.7-4.6 us a free at 16 threads, the same bench).
-    if (previous->delta->dirty != 0) {
-      if (locked && c.delta->can_take(*previous->delta)) {
-        std::swap(previous->delta, c.delta);
-        // release: settle() on another thread may follow owner to c, which may be new
-        // (thread sanitizer, the four-thread take-over test: its lock read before its
-        // making was seen); plain stores on x86 all the same
-        previous->delta->owner.store(&previous->mu, std::memory_order_release);
-        c.delta->owner.store(&c.mu, std::memory_order_release);
-      } else if (!figures.mu.busy()) {
-        figures.publish(*previous->delta);
-      }
-    }
-    previous->mu.unlock();
-    if (!locked) c.mu.lock();
+    c.delta = &t->delta;
+    t->last = &c;
   }
-  // This allocator's entry of the thread's last operations to the front: found, or made
-  // in the least recent allocator's place.
-  [[gnu::noinline]] void op_entry_to_front() noexcept
+  // lock_for_op where this allocator's entry is not the thread's first. Without host
+  // memory for a new thread_stats, the operation counts in the cache's own delta (a free
+  // must not fail for host memory: tests/alloc_failure.cpp), and the next one tries again.
+  [[gnu::noinline]] void lock_for_first_op(stream_cache& c) noexcept
+  {
+    thread_stats* const t = stats_to_front();
+    c.mu.lock();
+    if (t == nullptr) return;
+    c.delta = &t->delta;
+    t->last = &c;
+  }
+  // The cache lock of lock_for_op, as a cache_lock.
+  [[nodiscard]] cache_lock lock_cache(stream_cache& c) noexcept
+  {
+    lock_for_op(c);
+    return cache_lock{figures, c, std::adopt_lock};
+  }
+  // Cache c, locked by this thread otherwise than by lock_for_op, counts in the thread's
+  // delta (where it has one here) until given back.
+  void count_as_mine(stream_cache& c) noexcept
+  {
+    const thread_caches::op_entry& e = tl_caches.ops[0];
+    if (e.owner == id) c.delta = &e.stats->delta;
+  }
+  // Gives back a lock taken by lock_for_op on which nothing was counted.
+  static void unlock_unused(stream_cache& c) noexcept
+  {
+    c.delta = &c.home;
+    c.mu.unlock();
+  }
+  // This allocator's entry of the thread's last operations to the front, with its
+  // thread_stats: found in the entries, else the thread's among this allocator's (it was
+  // here before a fifth allocator took its entry), else a free one or a new one, in the
+  // least recent allocator's entry's place (that allocator's thread_stats stays the
+  // thread's, published by its readers or as the thread exits). Null, the entries as they
+  // were, without host memory for a new one (no cache locked).
+  thread_stats* stats_to_front() noexcept
   {
     thread_caches& tc = tl_caches;
     std::size_t k = 0;
     while (k < tc.ops.size() && tc.ops[k].owner != id) ++k;
     if (k == tc.ops.size()) {  // the least recent allocator's entry goes
+      thread_stats* const t = claim_stats();
+      if (t == nullptr) return nullptr;
       k = tc.ops.size() - 1;
-      tc.ops[k] = thread_caches::op_entry{id, nullptr};
-      publish_at_thread_exit();
+      tc.ops[k] = thread_caches::op_entry{id, t};
+      try {
+        publish_at_thread_exit();
+      } catch (...) {  // (its guard's first use: no memory for the thread's TLS block)
+      }
     }
     thread_caches::to_front(tc.ops, k);
+    return tc.ops[0].stats;
   }
-  // Arms (once per thread) the publishing, as the thread exits, of what its last operation
-  // on each live allocator left in that operation's cache: a thread's changes stay there
-  // until it moves on, and a thread that exits moves on no more, so the shared figures
-  // would lack them until stats() (whose publishing is exact), and the peaks of threads
-  // on other caches after it counted its last frees as still allocated (depot-bench alloc,
-  // one thread on 4 streams, new threads each run: an allocated peak of 1 980 MiB for a
-  // true 1 032, above the reserved peak). A thread_local with a destructor is reached
-  // through a guard: here, on a thread's first operation on an allocator, not on the hot
-  // path's tl_caches. Under the allocators' list lock, so an allocator being destroyed
-  // (delisted first) is either published or not seen.
+  thread_stats* claim_stats() noexcept
+  {
+    const std::uint64_t me = thread_token();
+    const std::lock_guard g{stats_mu};
+    thread_stats* free = nullptr;
+    for (const auto& t : thread_deltas) {
+      if (t->thread == me) return t.get();
+      if (t->thread == 0 && free == nullptr) free = t.get();
+    }
+    if (free == nullptr) {
+      try {
+        thread_deltas.push_back(std::make_unique<thread_stats>(cfg.stats_batch));
+      } catch (const std::bad_alloc&) {
+        return nullptr;
+      }
+      free = thread_deltas.back().get();
+    }
+    free->thread = me;
+    return free;
+  }
+  // A number no other thread of the process has (threads' thread_stats are told apart by
+  // it; a TLS address is reused by later threads).
+  static std::uint64_t thread_token() noexcept
+  {
+    static std::atomic<std::uint64_t> next{1};
+    thread_local std::uint64_t token = 0;
+    if (token == 0) token = next.fetch_add(1, std::memory_order_relaxed);
+    return token;
+  }
+  // Arms (once per thread) the publishing, as the thread exits, of its thread_stats on
+  // each live allocator, which are then free for later threads: a thread's changes stay
+  // unpublished until it works on, and a thread that exits works on no more, so the shared
+  // figures would lack them until stats() (whose publishing is exact), and the peaks of
+  // threads after it counted its last frees as still allocated (depot-bench alloc, one
+  // thread on 4 streams, new threads each run: an allocated peak of 1 980 MiB for a true
+  // 1 032, above the reserved peak). A thread_local with a destructor is reached through a
+  // guard: here, on a thread's first operation on an allocator, not on the hot path's
+  // tl_caches. Under the allocators' list lock, so an allocator being destroyed (delisted
+  // first) is either published or not seen.
   static void publish_at_thread_exit()
   {
     struct at_exit {
@@ -2222,32 +2226,51 @@ struct allocator_core::impl {
       {
         fork_list& l = forks();
         const std::lock_guard g{l.mu};
-        for (impl* m : l.all) m->publish_own();
+        for (impl* m : l.all) m->publish_own(true);
         tl_caches.ops.fill({});
       }
     };
     static thread_local at_exit hook;
     (void)&hook;
   }
-  // The delta of the cache of this thread's last operation here, published (no cache
-  // lock held).
-  void publish_own() noexcept
+  // This thread's thread_stats here, published (no cache lock held), and with `leave`
+  // given up for a later thread. Under a cache's lock, as every change to it: readers
+  // hold every one (taken without stats_mu held: readers take stats_mu under the caches').
+  void publish_own(bool leave) noexcept
   {
-    for (const thread_caches::op_entry& e : tl_caches.ops) {
-      if (e.owner != id) continue;
-      if (e.cache != nullptr) {
-        e.cache->mu.lock();
-        figures.publish(*e.cache->delta);
-        e.cache->mu.unlock();
+    const std::uint64_t me = thread_token();
+    thread_stats* mine = nullptr;
+    {
+      const std::lock_guard g{stats_mu};
+      for (const auto& t : thread_deltas) {
+        if (t->thread == me) mine = t.get();
       }
-      return;
+    }
+    if (mine == nullptr) return;
+    if (mine->last != nullptr) {  // (none: no operation yet, nothing counted)
+      mine->last->mu.lock();
+      figures.publish(mine->delta);
+      mine->last->mu.unlock();
+    }
+    if (leave) {
+      mine->last = nullptr;
+      const std::lock_guard g{stats_mu};
+      mine->thread = 0;
     }
   }
-  // Every cache's delta (caller holds every cache lock).
+  // Every thread's delta and every cache's own (caller holds every cache lock).
   void publish_all() const noexcept
   {
-    for (const auto& c : caches) figures.publish(*c->delta);
+    {
+      const std::lock_guard g{stats_mu};
+      for (const auto& t : thread_deltas) figures.publish(t->delta);
+    }
+    for (const auto& c : caches) figures.publish(c->home);
   }
+  // The threads' statistics deltas (thread_stats), appended (under stats_mu, taken after
+  // any cache lock and before figures.mu) and never removed while the allocator lives.
+  mutable std::mutex stats_mu;
+  std::vector<std::unique_ptr<thread_stats>> thread_deltas;
   std::atomic<std::int64_t> misses{0}, retries{0}, ooms{0};
   // memory_stats::num_segments_moved, num_move_events, num_move_syncs (steal(),
   // order_steal(): miss path)
@@ -3373,9 +3396,9 @@ struct allocator_core::impl {
 
   // Every cache: pending frees whose events completed (all of them, waiting, when `wait`)
   // back in the cache, fences done with, whole free segments returned to the upstream.
-  // The calling thread's unpublished changes are published first. Then, as one step for the
-  // statistics, under every cache's lock (as stats() reads): each cache's
-  // own operations' changes are published with their peaks first, then what the flush
+  // As one step for the statistics, under every cache's lock (as stats() reads): the
+  // threads' unpublished changes and each cache's own are published with their peaks
+  // first (boundaries they were), then what the flush
   // changed there without any, and the peaks take in the figures the whole flush left at
   // its end, before any lock is given back. A figure between two caches (one cache's pending
   // blocks returned, the next one's not yet) was no operation's boundary: publishing each
@@ -3385,15 +3408,18 @@ struct allocator_core::impl {
   // fuzz). Other threads' operations wait for the whole flush, as for PyTorch's empty_cache.
   void flush_all(bool wait)
   {
-    publish_own();
     std::shared_lock r{registry_mu};
     const all_locks locks{*this};
     struct peaks_at_end {  // (also when the backend throws half-way)
       shared_stats& figures;
       ~peaks_at_end() { figures.raise_to_current(); }
     } at_end{figures};
+    {
+      const std::lock_guard g{stats_mu};
+      for (const auto& t : thread_deltas) figures.publish(t->delta);
+    }
     for (auto& c : caches) {
-      stat_delta& d = *c->delta;
+      stat_delta& d = c->home;
       const auto publish = [&](bool peaks) {
         if (d.op != 0) d.end_op();
         figures.publish(d, peaks);
@@ -3586,7 +3612,7 @@ struct allocator_core::impl {
       c = it->second;  // (caches live as long as the allocator)
     }
     {
-      cache_lock g{figures, *c};
+      cache_lock g = lock_cache(*c);
       merge_kept(*c);  // (whole free segments, for a take-over or a steal)
       // Closed already: nothing ran here since, its fence stands (a handle closed twice, or
       // a cache taken over with its memory by s, which never allocated from it).
@@ -3670,7 +3696,7 @@ struct allocator_core::impl {
     });
     if (!deferred) return;
     for (auto& c : caches) {  // (a release changes figures: one cache_lock at a time)
-      cache_lock g{figures, *c};
+      cache_lock g = lock_cache(*c);
       settle_deferred(*c, [s](native_stream d) { return d == s; });
     }
   }
@@ -3685,7 +3711,6 @@ struct allocator_core::impl {
   template <class F>
   void each_cache_locked(F f) const noexcept
   {
-    const sweep_scope counted{*this};
     std::vector<stream_cache*> rest;
     std::vector<cache_mutex*> mus;
     try {
@@ -3723,7 +3748,7 @@ struct allocator_core::impl {
     for (auto& c : caches) {
       // (released is written under c's lock, so read first without it; capture_pool under registry_mu's unique lock)
       if (!c->released.load(std::memory_order_relaxed) && c->capture_pool == 0) continue;
-      cache_lock g{figures, *c};
+      cache_lock g = lock_cache(*c);
       if ((!c->released && c->capture_pool == 0) || c->stream != s) continue;
       if (const auto it = by_stream.find(s); c->capture_pool != 0 && it != by_stream.end() && it->second == c.get()) {
         continue;  // (capturing on s)
@@ -3935,7 +3960,7 @@ struct allocator_core::impl {
       {
         std::shared_lock r{registry_mu};
         for (auto& c : caches) {
-          cache_lock g{figures, *c};
+          cache_lock g = lock_cache(*c);
           for (block* b : c->listed) drop(b->uses);
           for (auto& [addr, u] : c->small_uses) drop(u);
           settle_deferred(*c, waited);
@@ -3950,7 +3975,7 @@ struct allocator_core::impl {
     {
       std::shared_lock r{registry_mu};
       for (auto& c : caches) {
-        cache_lock g{figures, *c};
+        cache_lock g = lock_cache(*c);
         if (capturing()) return;  // another capture began: its end does this
         for (auto [s, b] : c->deferred) {
           if (is_marker(s)) continue;  // made since the waits above: its capture's end
@@ -3999,7 +4024,7 @@ struct allocator_core::impl {
     if (it == pools.end()) return;  // (finished by another thread)
     stream_cache& c = *it->cache;
     pools.erase(it);
-    cache_lock g{figures, c};
+    cache_lock g = lock_cache(c);
     c.capture_pool = 0;
     c.closed = true;  // (its fence: none, the device's work is done)
     // (a destroyed stream's work is done; a raw handle's ordering stays the caller's)
@@ -4037,6 +4062,7 @@ struct allocator_core::impl {
       if (other.get() == &c || other->capture_pool != 0) continue;
       if (other->held.load(std::memory_order_relaxed) == 0) continue;  // (a moment ago: nothing to give)
       if (std::try_lock(other->mu, c.mu) != -1) continue;
+      count_as_mine(c);  // (other's changes, a segment gone, in its own delta)
       const cache_lock other_lock{figures, *other, std::adopt_lock};
       const cache_lock own_lock{figures, c, std::adopt_lock};
       if (!live && !other->closed) continue;
@@ -4239,7 +4265,7 @@ struct allocator_core::impl {
   // changed then.
   block_ref expand(stream_cache& c, std::size_t size, std::size_t bytes, bool& no_range)
   {
-    cache_lock g{figures, c};
+    cache_lock g = lock_cache(c);
     if (block_ref b = take(c, size, false, bytes); b.found()) return b;
     if (!c.holes.empty()) {  // pages unmapped inside a range first, before its end grows
       make_room(c, 2);  // the rest of the hole's record and a split's
@@ -4369,7 +4395,7 @@ struct allocator_core::impl {
   {
     std::lock_guard grow_guard{grow_mu};
     {
-      cache_lock g{figures, c};  // another thread may have freed meanwhile
+      cache_lock g = lock_cache(c);  // another thread may have freed meanwhile
       if (block_ref b = take(c, size, small, bytes); b.found()) return b;
     }
     const bool live_first = steals_first(!small && vm_page != 0 ? size : segment_size(size, small));
@@ -4402,7 +4428,7 @@ struct allocator_core::impl {
                     : "the upstream allocation of " + format_bytes(seg_bytes) + " failed after releasing the cache");
     }
     const auto addr = reinterpret_cast<std::uintptr_t>(p);
-    cache_lock g{figures, c};
+    cache_lock g = lock_cache(c);
     block_ref out;
     try {
       segment_directory::node_type listed = segment_directory::spare();
@@ -4469,7 +4495,7 @@ struct allocator_core::impl {
     retries.fetch_add(1);
     flush_all(true);
     {
-      cache_lock g{figures, c};  // frees that were pending may have come back here
+      cache_lock g = lock_cache(c);  // frees that were pending may have come back here
       if (block_ref b = take(c, size, small, bytes); b.found()) return b;
     }
     return steal(c, size, small, bytes, true);
@@ -4572,7 +4598,7 @@ struct allocator_core::impl {
   {
     lock_for_op(c);
     const block_ref b = find_live(c, reinterpret_cast<std::uintptr_t>(ptr), erase);
-    if (!b.found()) c.mu.unlock();
+    if (!b.found()) unlock_unused(c);
     return b;
   }
 
@@ -4592,7 +4618,7 @@ struct allocator_core::impl {
     stream_cache* last = nullptr;  // (caches live as long as their allocator, whose id is never reused)
     for (const thread_caches::op_entry& e : tl_caches.ops) {
       if (e.owner == id) {
-        last = e.cache;
+        last = e.stats->last;
         break;
       }
     }
@@ -4640,7 +4666,7 @@ struct allocator_core::impl {
   [[gnu::noinline]] stream_cache* relock(stream_cache* c, native_stream s)
   {
     while (c->stream != s) {
-      c->mu.unlock();
+      unlock_unused(*c);
       // (not the thread's table again: a cache taken over before the route changed, which
       // the registry's lock waits out)
       tl_streams.slot(reinterpret_cast<std::uintptr_t>(s)) = {};
@@ -4657,25 +4683,12 @@ struct allocator_core::impl {
     return t.owner == route.load(std::memory_order_relaxed) ? t.cache : nullptr;
   }
 
-  // Readers that take every cache's lock (stats(), snapshot(), empty_cache() and the like:
-  // all_locks, each_cache_locked, drain) count themselves here while they do: a thread
-  // whose change of cache finds its previous cache held waits for it only then
-  // (switch_op). seq_cst: the count rises before the first lock is taken.
-  mutable std::atomic<int> sweeping{0};
-  struct sweep_scope {
-    explicit sweep_scope(const impl& m) noexcept : m_{m} { m_.sweeping.fetch_add(1, std::memory_order_seq_cst); }
-    sweep_scope(const sweep_scope&) = delete;
-    sweep_scope& operator=(const sweep_scope&) = delete;
-    ~sweep_scope() { m_.sweeping.fetch_sub(1, std::memory_order_release); }
-    const impl& m_;
-  };
-  // Every cache's lock (lock_all), held as long as this lives, counted in `sweeping`.
+  // Every cache's lock (lock_all), held as long as this lives.
   class all_locks {
    public:
-    explicit all_locks(const impl& m) : counted_{m} { m.lock_all(locks_); }
+    explicit all_locks(const impl& m) { m.lock_all(locks_); }
 
    private:
-    sweep_scope counted_;  // (first: counted before the locks are taken and after they go)
     std::vector<std::unique_lock<cache_mutex>> locks_;
   };
 
@@ -4778,6 +4791,7 @@ struct allocator_core::impl {
     } catch (...) {  // out of host memory (before any lock was taken): one by one, in order
       for (const auto& c : caches) c->mu.lock();
     }
+    stats_mu.lock();
     figures.mu.lock();
     small_table.fork_hold();
     directory.fork_hold();
@@ -4799,6 +4813,9 @@ struct allocator_core::impl {
     directory.fork_release(child);
     small_table.fork_release(child);
     figures.mu.unlock();
+    // (the parent's other threads' thread_stats stay theirs in the child: published by its
+    // readers, never taken over)
+    release_after_fork(stats_mu, child);
     for (const auto& c : caches) {
       if (child) {
         c->mu.reset_in_child();
@@ -5147,7 +5164,7 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
     if (st != nullptr) {
       // Its frees that waited for other streams' events come back first: allocations from
       // a pool happen only in captures, where no event may be queried.
-      cache_lock g{m.figures, *st->cache};
+      cache_lock g = m.lock_cache(*st->cache);
       if (!st->cache->pending.empty() && !m.capturing()) m.process_events(*st->cache, false);
     }
     std::unique_ptr<stream_cache> fresh;
@@ -5163,7 +5180,7 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
       st = &m.pools.back();
     }
     {
-      const cache_lock g{m.figures, *st->cache};  // (frees of its blocks read its stream)
+      const cache_lock g = m.lock_cache(*st->cache);  // (frees of its blocks read its stream)
       if (!created && st->cache->stream != stream) m.hand_pool_over(*st->cache, stream);
       st->cache->set_stream(stream);  // (its waits forgotten even where the stream is the same)
     }
