@@ -5376,6 +5376,13 @@ std::size_t allocator_core::stream_caches() const
   return m.caches.size();
 }
 
+std::size_t allocator_core::thread_deltas() const
+{
+  const impl& m = *impl_;
+  const std::lock_guard g{m.stats_mu};
+  return m.thread_deltas.size();
+}
+
 std::string allocator_core::check_small_bits() const
 {
   const impl& m = *impl_;

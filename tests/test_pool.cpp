@@ -4069,13 +4069,13 @@ void check_kept_drift_published_first(depot::caching_allocator<D>& a, depot::str
   CHECK(st.num_allocations.all.peak == 4);
 }
 
-TEST_CASE_TEMPLATE("pool: a cache that drifted past stats_batch alone is published by the next cache", D,
+TEST_CASE_TEMPLATE("pool: a thread that drifted past stats_batch alone publishes before the next thread's first operation", D,
                    DEPOT_TEST_DEVICES)
 {
   // One thread alone on stream 1 drifts past the batch (8 MiB hits, batch 1 MiB): it was the
-  // last to publish, so it keeps its changes. Then another thread's first operation on
-  // stream 2 (a 256 KiB block, within the batch, published by no drift of its own) must
-  // publish stream 1's changes first, so the peak counts them: exactly 3 x 8 MiB + 256 KiB.
+  // last to publish, so it keeps its changes, and publishes them as it exits. Then another
+  // thread's first operation on stream 2 (a 256 KiB block, within the batch, published by
+  // no drift of its own) starts from figures that count them: exactly 3 x 8 MiB + 256 KiB.
   depot::allocator_config cfg = quiet_config<D>();
   cfg.stats_batch = MiB;
   depot::caching_allocator<D> a{0, cfg};
@@ -4098,15 +4098,14 @@ TEST_CASE_TEMPLATE("pool: a cache that drifted past stats_batch alone is publish
   check_invariants(a);
 }
 
-TEST_CASE_TEMPLATE("pool: a thread that changes streams carries its kept drift, which the next cache still publishes",
+TEST_CASE_TEMPLATE("pool: a thread that changes streams keeps its drift in one delta, which its exit publishes",
                    D, DEPOT_TEST_DEVICES)
 {
   // One thread alternates between streams 1 and 3 with 8 MiB hits past the 1 MiB batch: its
-  // unpublished changes move with it from cache to cache (the caches swap deltas) and stay
-  // kept as the last published. Another thread's first operation on stream 2 (within the
-  // batch) must still find and publish them first, wherever they moved: exactly
-  // 3 x 8 MiB + 256 KiB. Had the kept mark stayed with the cache the thread left, the
-  // other thread would publish nothing first and the peak would miss its 256 KiB.
+  // unpublished changes stay in its own delta whatever the cache, kept as the last
+  // published, and are published as it exits. Another thread's first operation on stream 2
+  // (within the batch) then counts them: exactly 3 x 8 MiB + 256 KiB. Had a change of
+  // stream left some of them behind in a cache's delta, the peak would miss them.
   depot::allocator_config cfg = quiet_config<D>();
   cfg.stats_batch = MiB;
   cfg.steal_threshold = std::numeric_limits<std::size_t>::max();  // each stream grows its own
@@ -4168,44 +4167,39 @@ TEST_CASE_TEMPLATE("pool: a window whose headroom went stale still leaves every 
   check_invariants(a);
 }
 
-TEST_CASE_TEMPLATE("pool: a cache that kept its drift checks it again once published", D, DEPOT_TEST_DEVICES)
+TEST_CASE_TEMPLATE("pool: a delta that kept its drift checks it again once published", D, DEPOT_TEST_DEVICES)
 {
-  // A kept cache stops checking its drift until it is published; publishing must restore
-  // the check, or the cache would never be marked again and another thread's operation
-  // would publish its own peak without the kept changes. Warm-up: stream 1's thread keeps
-  // its drift (an 8 MiB hit past the 1 MiB batch), then reset_peak_stats() publishes it.
-  // Then stream 1's thread holds 16 MiB in two hits (kept, marked) and stream 2's thread
-  // makes a miss of 8 MiB, which publishes stream 1's changes first: the large pool's peak
-  // is exactly 24 MiB. Without the restored check it is 16 MiB.
+  // A kept delta stops checking its drift until it is published; publishing must restore
+  // the check, or the thread would keep its changes even after another thread published,
+  // and that thread's peak would lack them. This thread frees three 8 MiB blocks (the
+  // first free drifts past the 1 MiB batch while it was the last to publish: kept, marked),
+  // then reset_memory_stats() publishes them. Another thread allocates 8 MiB on stream 2
+  // (a miss, published) and exits holding it; this thread then takes an 8 MiB hit, whose
+  // drift must publish at once (another delta published since): the peak is 16 MiB. A
+  // third thread then frees stream 2's block. Without the restored check the hit stays
+  // unpublished until stats(), after that free, and the peak is 8 MiB.
   depot::allocator_config cfg = quiet_config<D>();
   cfg.stats_batch = MiB;
   depot::caching_allocator<D> a{0, cfg};
   depot::stream<D> s1;
   depot::stream<D> s2;
-  std::thread{[&] {
-    void* w1 = a.allocate(8 * MiB, s1);  // a miss: a 20 MiB segment
-    void* w2 = a.allocate(8 * MiB, s1);  // a hit past the batch: kept
-    a.deallocate(w1, s1);
-    a.deallocate(w2, s1);
-  }}.join();
-  a.reset_peak_stats();
-  void* x[2] = {};
-  std::thread{[&] {
-    x[0] = a.allocate(8 * MiB, s1);  // hits
-    x[1] = a.allocate(8 * MiB, s1);
-  }}.join();
-  std::thread{[&] {
-    void* y = a.allocate(8 * MiB, s2);  // stream 2 has no memory: a miss, published at once
-    a.deallocate(y, s2);
-    a.deallocate(a.allocate(4 * KiB, s2), s2);  // a small miss publishes the free
-  }}.join();
+  {
+    std::vector<void*> warm;
+    for (int i = 0; i < 3; ++i) warm.push_back(a.allocate(8 * MiB, s1));  // misses
+    for (void* w : warm) a.deallocate(w, s1);  // the first kept past the batch, marked
+  }
+  a.reset_memory_stats();
+  void* y = nullptr;
+  std::thread{[&] { y = a.allocate(8 * MiB, s2); }}.join();
+  void* x = a.allocate(8 * MiB, s1);  // a hit past the batch
+  std::thread{[&] { a.deallocate(y, s2); }}.join();
   const depot::memory_stats st = a.stats();
-  CHECK(st.num_cache_hits >= 3);
-  CHECK(st.allocated_bytes.large.current == static_cast<std::int64_t>(16 * MiB));
-  CHECK(st.allocated_bytes.large.peak == static_cast<std::int64_t>(24 * MiB));
-  CHECK(st.requested_bytes.large.peak == static_cast<std::int64_t>(24 * MiB));
-  CHECK(st.num_allocations.large.peak == 3);
-  for (void* k : x) a.deallocate(k, s1);
+  CHECK(st.num_cache_misses == 1);
+  CHECK(st.allocated_bytes.large.current == static_cast<std::int64_t>(8 * MiB));
+  CHECK(st.allocated_bytes.large.peak == static_cast<std::int64_t>(16 * MiB));
+  CHECK(st.requested_bytes.large.peak == static_cast<std::int64_t>(16 * MiB));
+  CHECK(st.num_allocations.large.peak == 2);
+  a.deallocate(x, s1);
   check_invariants(a);
 }
 
@@ -4276,6 +4270,96 @@ TEST_CASE_TEMPLATE("pool: a thread that exits publishes its changes, so the next
   CHECK(st.num_allocations.all.peak == k_blocks);
   CHECK(st.allocated_bytes.all.current == 0);
   CHECK(st.allocated_bytes.all.peak <= st.reserved_bytes.all.peak);
+  check_invariants(st, a.snapshot());
+}
+
+// Statistics deltas are the threads' (thread_stats), each published as its thread exits and
+// then taken over by the next new thread: 50 threads one after another (each on two streams,
+// each holding up to 7 blocks of 3 MiB and more at once, past the 1 MiB batch, then freeing
+// them) leave one delta, and the requested peak is exactly the most any of them held. Four
+// threads alive at once have four; a fifth after them takes one of those over.
+TEST_CASE("pool: threads that come and go take over one another's statistics deltas, and peaks stay exact")
+{
+  depot::allocator_config cfg = quiet_config<depot::host>();
+  cfg.stats_batch = MiB;
+  depot::detail::allocator_core a{std::make_unique<depot::simulated_upstream>(std::size_t{1} << 40), cfg,
+                                  /*asynchronous=*/false};
+  const depot::native_stream streams[] = {fake_stream(0x1000), fake_stream(0x2000)};
+  std::int64_t most = 0;
+  for (std::size_t t = 0; t < 50; ++t) {
+    const std::size_t n = t % 7 + 1;
+    const std::size_t bytes = 3 * MiB + t * 4096;
+    most = std::max(most, static_cast<std::int64_t>(n * bytes));
+    std::thread([&] {
+      std::vector<void*> mine;
+      for (std::size_t k = 0; k < n; ++k) mine.push_back(a.allocate(bytes, streams[k % 2]));
+      for (std::size_t k = 0; k < n; ++k) a.deallocate(mine[k], streams[k % 2], k % 3 != 0, 0);
+    }).join();
+  }
+  CHECK(a.thread_deltas() == 1);
+  depot::memory_stats st = a.stats();
+  CHECK(st.requested_bytes.all.peak == most);
+  CHECK(st.num_allocations.all.peak == 7);
+  CHECK(st.requested_bytes.all.current == 0);
+  check_invariants(st, a.snapshot());
+
+  std::atomic<int> arrived{0};
+  std::vector<std::thread> four;
+  for (std::uintptr_t t = 0; t < 4; ++t) {
+    four.emplace_back([&, t] {
+      void* p = a.allocate(MiB, fake_stream(0x10000 * (t + 1)));
+      arrived.fetch_add(1);
+      while (arrived.load() < 4) std::this_thread::yield();  // all four at work at once
+      a.deallocate(p, fake_stream(0x10000 * (t + 1)), true, 0);
+    });
+  }
+  for (auto& th : four) th.join();
+  CHECK(a.thread_deltas() == 4);
+  std::thread([&] { a.deallocate(a.allocate(MiB, streams[0]), streams[0], true, 0); }).join();
+  CHECK(a.thread_deltas() == 4);
+  st = a.stats();
+  CHECK(st.requested_bytes.all.peak == most);  // (4 MiB at most at once since)
+  CHECK(st.requested_bytes.all.current == 0);
+  check_invariants(st, a.snapshot());
+}
+
+// A thread remembers its last four allocators: a fifth takes the least recent's place.
+// Back on that one, the thread finds its own delta again (not a new one), with the drift
+// it kept there: 3 x 8 MiB hits past the 1 MiB batch, then the four others, then 8 MiB
+// more and every free: the peak is exactly 32 MiB, and the first allocator has one delta.
+TEST_CASE("pool: a thread back from four other allocators finds its statistics delta and its kept drift")
+{
+  depot::allocator_config cfg = quiet_config<depot::host>();
+  cfg.stats_batch = MiB;
+  std::vector<std::unique_ptr<depot::detail::allocator_core>> pools;
+  for (int k = 0; k < 5; ++k) {
+    pools.push_back(std::make_unique<depot::detail::allocator_core>(
+        std::make_unique<depot::simulated_upstream>(std::size_t{1} << 40), cfg, /*asynchronous=*/false));
+  }
+  depot::detail::allocator_core& a = *pools[0];
+  const depot::native_stream s = fake_stream(0x1000);
+  {
+    std::vector<void*> warm;  // a segment holding four 8 MiB blocks: the later ones hits
+    for (int i = 0; i < 4; ++i) warm.push_back(a.allocate(8 * MiB, s));
+    for (void* w : warm) a.deallocate(w, s, true, 0);
+    a.reset_memory_stats();
+  }
+  std::thread([&] {
+    std::vector<void*> held;
+    for (int i = 0; i < 3; ++i) held.push_back(a.allocate(8 * MiB, s));  // hits, kept past the batch
+    for (std::size_t k = 1; k < pools.size(); ++k) {
+      pools[k]->deallocate(pools[k]->allocate(4 * KiB, s), s, true, 0);
+    }
+    held.push_back(a.allocate(8 * MiB, s));
+    for (void* p : held) a.deallocate(p, s, true, 0);
+  }).join();
+  CHECK(a.thread_deltas() == 2);  // the warm-up's thread's and the thread's
+  const depot::memory_stats st = a.stats();
+  CHECK(st.num_cache_misses == 0);
+  CHECK(st.requested_bytes.all.peak == static_cast<std::int64_t>(32 * MiB));
+  CHECK(st.allocated_bytes.all.peak == static_cast<std::int64_t>(32 * MiB));
+  CHECK(st.num_allocations.all.peak == 4);
+  CHECK(st.requested_bytes.all.current == 0);
   check_invariants(st, a.snapshot());
 }
 
