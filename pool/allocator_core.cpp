@@ -902,8 +902,9 @@ struct stat_delta {
   // operation's end asks one question of it (k_settle) where it asked three (due bits, the
   // first operation since a publish, k_max_ops operations).
   std::uint32_t due = due_fresh;
-  // The last window held at most 3 operations (a thread that alternates among streams
-  // publishes its last cache's delta at every change, so its windows hold 1-3): the next
+  // The last window held at most 3 operations (a delta published at nearly every
+  // operation, as at 64 MiB requests beside other threads, or where deltas were the
+  // caches' and a thread alternating among streams published at every change): the next
   // window then sets no headroom, whose reading of the shared figures under their lock
   // cost more than the few operations it would have spared branches for.
   bool short_window = false;
@@ -2102,11 +2103,11 @@ struct allocator_core::impl {
 
   std::mutex grow_mu;
 
-  // Changes to these figures by an operation on a cache are gathered in its delta
-  // (stat_delta's count_*, add_split, sub_split, sub_active, change_segments; caller holds
-  // c.mu), published when due as c.mu is given back, or before any reader looks.
-  // mutable: readers (stats(), snapshots) publish the caches' deltas before they read,
-  // which changes no figure they could see.
+  // Changes to these figures by an operation on a cache are gathered in the delta the
+  // cache points at (its thread's, or the cache's own: stat_delta's count_*, add_split,
+  // sub_split, sub_active, change_segments; caller holds c.mu), published when due as c.mu
+  // is given back, or before any reader looks. mutable: readers (stats(), snapshots)
+  // publish every delta before they read, which changes no figure they could see.
   mutable shared_stats figures;
 
   // Locks `c` for an allocation or free, or any work of this thread on c alone (no cache
