@@ -63,16 +63,15 @@ struct allocator_config {
   double per_process_memory_fraction = 1.0;
   // Events kept in the trace ring buffer (0: no trace). Key trace_capacity.
   std::size_t trace_capacity = 0;
-  // How far (bytes) a figure of a stream's cache may drift from the allocator's shared
-  // statistics before the cache publishes its changes (also after 256 operations, at once
-  // on segment changes; a cache that was the last to publish keeps drifting, unchecked,
-  // until another cache's operation that publishes, or its first one since publishing,
-  // publishes the kept one while its lock is free and not biased to its thread). stats() is always
-  // exact, and so are peaks while one thread allocates (on any streams); with threads on
-  // several streams at once a peak may be off by this much per other stream, or by up to
-  // 256 operations' changes of a cache that ran alone when another's first operation
-  // finds it locked or biased (0: publish every operation, exact peaks, one shared write per
-  // operation). Key stats_batch (bytes, with suffixes, at most 1TiB). Default 16 MiB.
+  // How far (bytes) a figure of a thread's unpublished changes may drift from the
+  // allocator's shared statistics before the thread publishes them (also after 256
+  // operations, at once on segment changes, and as the thread exits; a thread that was
+  // the last to publish keeps drifting, unchecked, until one of those). stats() is always
+  // exact, and so are peaks while one thread allocates (on any streams); with several
+  // threads at work at once a peak may be off by this much per other thread, or by up to
+  // 256 operations' changes of a thread that ran alone and kept them (0: publish every
+  // operation, exact peaks, one shared write per operation). Key stats_batch (bytes, with
+  // suffixes, at most 1TiB). Default 16 MiB.
   std::size_t stats_batch = std::size_t{16} << 20;
   // Freed small blocks (64 KiB or less) of each stream's cache wait unmerged, up to this
   // many bytes per cache, for the next request of the same rounded size: such a free and

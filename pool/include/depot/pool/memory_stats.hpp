@@ -32,7 +32,7 @@ struct stat_array {
 // inactive_split = free blocks that are pieces of a partly used segment (not releasable).
 // Current values and totals are exact; a peak is exact while one thread allocates (on any
 // streams; threads one after another count as one: a thread publishes its changes as it
-// exits), else within allocator_config::stats_batch per other stream in use at once
+// exits), else within allocator_config::stats_batch per other thread at work at once
 // (see allocator_config::stats_batch for the one wider case).
 struct memory_stats {
   stat_array allocated_bytes;
