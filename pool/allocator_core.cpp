@@ -2227,17 +2227,17 @@ struct allocator_core::impl {
       {
         fork_list& l = forks();
         const std::lock_guard g{l.mu};
-        for (impl* m : l.all) m->publish_own(true);
+        for (impl* m : l.all) m->publish_and_leave();
         tl_caches.ops.fill({});
       }
     };
     static thread_local at_exit hook;
     (void)&hook;
   }
-  // This thread's thread_stats here, published (no cache lock held), and with `leave`
-  // given up for a later thread. Under a cache's lock, as every change to it: readers
+  // This thread's thread_stats here, published (no cache lock held) and given up for a
+  // later thread (the thread exits). Under a cache's lock, as every change to it: readers
   // hold every one (taken without stats_mu held: readers take stats_mu under the caches').
-  void publish_own(bool leave) noexcept
+  void publish_and_leave() noexcept
   {
     const std::uint64_t me = thread_token();
     thread_stats* mine = nullptr;
@@ -2253,19 +2253,20 @@ struct allocator_core::impl {
       figures.publish(mine->delta);
       mine->last->mu.unlock();
     }
-    if (leave) {
-      mine->last = nullptr;
-      const std::lock_guard g{stats_mu};
-      mine->thread = 0;
-    }
+    mine->last = nullptr;
+    const std::lock_guard g{stats_mu};
+    mine->thread = 0;
+  }
+  // Every thread's delta (caller holds every cache lock).
+  void publish_threads() const noexcept
+  {
+    const std::lock_guard g{stats_mu};
+    for (const auto& t : thread_deltas) figures.publish(t->delta);
   }
   // Every thread's delta and every cache's own (caller holds every cache lock).
   void publish_all() const noexcept
   {
-    {
-      const std::lock_guard g{stats_mu};
-      for (const auto& t : thread_deltas) figures.publish(t->delta);
-    }
+    publish_threads();
     for (const auto& c : caches) figures.publish(c->home);
   }
   // The threads' statistics deltas (thread_stats), appended (under stats_mu, taken after
@@ -3415,10 +3416,7 @@ struct allocator_core::impl {
       shared_stats& figures;
       ~peaks_at_end() { figures.raise_to_current(); }
     } at_end{figures};
-    {
-      const std::lock_guard g{stats_mu};
-      for (const auto& t : thread_deltas) figures.publish(t->delta);
-    }
+    publish_threads();
     for (auto& c : caches) {
       stat_delta& d = c->home;
       const auto publish = [&](bool peaks) {
