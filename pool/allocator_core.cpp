@@ -3437,6 +3437,17 @@ struct allocator_core::impl {
   // Whether a handle names a stream that is never destroyed: the default (legacy) stream,
   // and CUDA's and HIP's per-thread default streams (cudaStreamLegacy, *PerThread).
   static bool built_in(native_stream s) noexcept { return reinterpret_cast<std::uintptr_t>(s) <= 2; }
+  // Whether all of the work queued on live stream s so far is done (false where the backend
+  // cannot tell or fails to: the caller then orders by an event). Never during a capture
+  // (a query is forbidden then): steal() does nothing during one.
+  bool stream_idle(native_stream s) noexcept
+  {
+    try {
+      return up->stream_done(s);
+    } catch (...) {
+      return false;
+    }
+  }
   // Whether work may still be queued on s: a built-in stream, or one stream_registry lists.
   bool stream_lives(native_stream s) const noexcept { return built_in(s) || stream_registry::live(streams_of.kind, s); }
   // A stream other than c's own, for ordering a block of c on it: a different handle, or
@@ -3517,8 +3528,9 @@ struct allocator_core::impl {
   // where c's stream already waited for an event recorded on other's stream after that
   // free (one thread that alternates among streams takes whole free segments back and
   // forth, most of them idle since an earlier steal's event: a record and a wait spared,
-  // ~2 driver calls); else an event there, counted in other's steal_gen and remembered
-  // as waited for by c.
+  // ~2 driver calls), or where other's stream has no work left (one query: its frees so far
+  // are done, as though an event recorded now had completed); else an event there. Either
+  // is counted in other's steal_gen and remembered as waited for by c.
   void order_steal(stream_cache& other, stream_cache& c, std::uint64_t stamp)
   {
     if (!async) return;
@@ -3529,14 +3541,16 @@ struct allocator_core::impl {
     }
     if (covered(c, other, stamp)) return;
     const std::uint64_t gen = other.steal_gen;
-    try {
-      follow_stream(other.stream, [&](native_event e) { up->stream_wait(c.stream, e); });
-    } catch (const error&) {
-      up->synchronize_device();
-      return;
+    if (!stream_idle(other.stream)) {
+      try {
+        follow_stream(other.stream, [&](native_event e) { up->stream_wait(c.stream, e); });
+      } catch (const error&) {
+        up->synchronize_device();
+        return;
+      }
+      move_events.fetch_add(1, std::memory_order_relaxed);
     }
-    other.steal_gen = gen + 1;  // (frees from now on come after the event)
-    move_events.fetch_add(1, std::memory_order_relaxed);
+    other.steal_gen = gen + 1;  // (frees from now on come after the event, or the query)
     auto* slot = c.wait_for(other.id);
     if (slot == nullptr) {
       slot = &c.waited[c.waited_next];

@@ -132,6 +132,7 @@ class limiting_upstream final : public depot::upstream_resource {
   bool fail_reserve = false;          // vm_reserve finds no addresses
   std::function<void()> on_map;       // called at each vm_map first (under the cache's lock)
   bool event_done(depot::native_event e) override { return inner_.event_done(e); }
+  bool stream_done(depot::native_stream s) override { return inner_.stream_done(s); }
   void wait_event(depot::native_event e) override { inner_.wait_event(e); }
   void stream_wait(depot::native_stream s, depot::native_event e) override { inner_.stream_wait(s, e); }
   void destroy_event(depot::native_event e) noexcept override

@@ -2068,6 +2068,10 @@ class manual_event_upstream final : public depot::upstream_resource {
     int dead_records = 0;
     std::uintptr_t last_record_stream = 0;
     depot::device_id streams{depot::device_kind::host, 0};  // stream_device()
+    // Streams whose queued work the test says is all done (stream_done() answers true), and
+    // the stream_done() calls.
+    std::set<std::uintptr_t> idle;
+    int stream_queries = 0;
     std::mutex mu;  // held by every call below (a test reads the fields between calls)
   };
   explicit manual_event_upstream(std::shared_ptr<state> s) : s_{std::move(s)} {}
@@ -2107,6 +2111,13 @@ class manual_event_upstream final : public depot::upstream_resource {
     const std::lock_guard g{s_->mu};
     s_->forbidden += s_->capture ? 1 : 0;
     return s_->open.count(id(e)) == 0;
+  }
+  bool stream_done(depot::native_stream s) override
+  {
+    const std::lock_guard g{s_->mu};
+    s_->forbidden += s_->capture ? 1 : 0;
+    ++s_->stream_queries;
+    return s_->idle.count(reinterpret_cast<std::uintptr_t>(s)) != 0;
   }
   void wait_event(depot::native_event e) override
   {
@@ -2268,6 +2279,7 @@ class modelled_device_upstream final : public depot::upstream_resource {
     std::map<std::size_t, std::vector<std::pair<std::uint64_t, std::vector<std::uint64_t>>>> waits;
     std::uintptr_t next = 0;
     int recorded = 0, syncs = 0, host_waits = 0, stream_waits = 0, frees = 0, unmaps = 0, refusals = 0;
+    int idle_answers = 0;  // stream_done() calls that found the stream's work all done
     // A graph capture under way on stream `capturing` (-1: none): CUDA's global capture mode
     // forbids a query, a wait, a synchronisation or a free of device memory, on any stream;
     // an event recorded on the capturing stream would be a node of its graph. Each counted
@@ -2370,6 +2382,15 @@ class modelled_device_upstream final : public depot::upstream_resource {
     s_->forbid("event_done");
     const auto& ev = event_of(e);
     return s_->done[ev.stream] >= ev.position;
+  }
+  // All of the stream's work done (its waits are items of it: what it waited for is done).
+  bool stream_done(depot::native_stream h) override
+  {
+    s_->forbid("stream_done");
+    const std::size_t i = s_->stream_of(h);
+    const bool idle = s_->done[i] >= s_->queued[i];
+    s_->idle_answers += idle ? 1 : 0;
+    return idle;
   }
   void wait_event(depot::native_event e) override
   {
@@ -2777,7 +2798,8 @@ static void ordering_fuzz(std::uint64_t fixed, bool first_seed)
   MESSAGE(v.name, ": ", captures, " graph captures (", closed_in_capture, " streams destroyed during one), ",
           allocations, " allocations, ", reuses_waited, " reuses of freed bytes (", handed_early,
           " ordered by a stream wait before the old work finished), ", dev->recorded, " events, ", dev->syncs,
-          " device synchronisations, ", dev->stream_waits, " stream waits, ", closings, " streams destroyed, ",
+           " device synchronisations, ", dev->stream_waits, " stream waits, ", dev->idle_answers,
+          " streams found idle, ", closings, " streams destroyed, ",
           dev->frees, " segments freed, ", dev->unmaps, " pages unmapped, ", bad_frees, " bad frees refused, ",
           ooms, " out_of_memory (", dev->refusals, " refusals by the device)");
   // What the first fixed seed reaches (another seed, DEPOT_TEST_SEED, may miss one by
@@ -2792,6 +2814,9 @@ static void ordering_fuzz(std::uint64_t fixed, bool first_seed)
   };
   reached(reuses_waited > 0, "freed bytes reused");
   reached(dev->recorded > 0, "events recorded");
+  // (Only the expandable variant moves memory between live streams often enough, ~50 stream
+  // waits a run, to find one idle by chance; a directed test covers the rest.)
+  if (v.expandable) reached(dev->idle_answers > 0, "a steal from a stream with all of its work done");
   reached(closings > 0, "streams destroyed");
   reached(captures > 0, "graph captures");
   reached(closed_in_capture > 0, "a stream destroyed during a capture");
@@ -3006,6 +3031,92 @@ TEST_CASE("pool: a steal queues no event when the thief's stream already waited 
   depot::stream_registry::closing(dev, s2);
 }
 
+// A steal from a live stream whose queued work is all done (the backend's stream query)
+// queues neither an event nor a wait, and counts as one: a later steal of memory freed
+// before the query is covered without asking again; memory freed after it asks again, and
+// a stream with work left gets an event. Destroyed streams and raw handles are never
+// asked (a handle may be gone). Each kind of segment, as above.
+TEST_CASE("pool: a steal from a stream with no work left queues no event")
+{
+  std::size_t n = 20 * MiB, per = 1;
+  SUBCASE("large pool") {}
+  SUBCASE("linked small segment") { n = 1 * MiB, per = 2; }
+  SUBCASE("dense small segment") { n = 64 * KiB, per = 32; }
+  CAPTURE(n);
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a = async_core(ev);
+  const auto s1 = fake_stream(0x1000);
+  const auto s2 = fake_stream(0x2000);
+  const depot::device_id dev = ev->streams;
+  depot::stream_registry::opened(dev, s1);
+  depot::stream_registry::opened(dev, s2);
+  const auto take = [&](depot::native_stream s, std::size_t k) {
+    std::vector<void*> v;
+    for (std::size_t i = 0; i < k; ++i) v.push_back(a.allocate(n, s));
+    return v;
+  };
+  const auto give = [&](std::vector<void*>& v, depot::native_stream s) {
+    for (void* p : v) a.deallocate(p, s, true, 0);
+    v.clear();
+  };
+  std::vector<void*> on1 = take(s1, 2 * per);
+  REQUIRE(a.snapshot().segments.size() == 2);
+  give(on1, s1);
+  // Stream 1 has nothing left to run: stream 2 takes a segment over with one query.
+  ev->idle = {0x1000};
+  int recorded = ev->recorded, waits = ev->stream_waits, queries = ev->stream_queries;
+  std::vector<void*> first = take(s2, per);
+  CHECK(ev->stream_queries == queries + 1);
+  CHECK(ev->recorded == recorded);
+  CHECK(ev->stream_waits == waits);
+  CHECK(a.stats().num_segments_moved == 1);
+  CHECK(a.stats().num_move_events == 0);
+  // Stream 1 busy again: its other segment was freed before the query, so covered.
+  ev->idle.clear();
+  std::vector<void*> second = take(s2, per);
+  CHECK(a.snapshot().segments.size() == 2);
+  CHECK(ev->stream_queries == queries + 1);
+  CHECK(ev->recorded == recorded);
+  CHECK(a.stats().num_segments_moved == 2);
+  // Freed on stream 2, which has work left: stream 1 taking one back asks, then records an
+  // event on stream 2 and waits for it.
+  give(first, s2);
+  give(second, s2);
+  on1 = take(s1, per);
+  CHECK(ev->stream_queries == queries + 2);
+  CHECK(ev->recorded == recorded + 1);
+  CHECK(ev->last_record_stream == 0x2000);
+  CHECK(ev->stream_waits == waits + 1);
+  CHECK(ev->waiting_stream == 0x1000);
+  CHECK(a.stats().num_segments_moved == 3);
+  CHECK(a.stats().num_move_events == 1);
+  // Memory freed on stream 1 after a query is not covered by it: freed there, stream 1
+  // idle, stream 2 takes it with a new query; then freed on 2 and 2 idle, 1 takes it back
+  // with a query, no event.
+  give(on1, s1);
+  ev->idle = {0x1000, 0x2000};
+  std::vector<void*> again = take(s2, 2 * per);  // its own one, then stream 1's
+  CHECK(ev->stream_queries == queries + 3);
+  CHECK(ev->recorded == recorded + 1);
+  give(again, s2);
+  on1 = take(s1, per);
+  CHECK(ev->stream_queries == queries + 4);
+  CHECK(ev->recorded == recorded + 1);
+  CHECK(a.stats().num_segments_moved == 5);
+  CHECK(a.stats().num_move_events == 1);
+  give(on1, s1);
+  // A destroyed stream's memory moves on its fence, unasked.
+  depot::stream_registry::closing(dev, s1);
+  std::vector<void*> all = take(s2, 2 * per);
+  CHECK(ev->stream_queries == queries + 4);
+  CHECK(a.snapshot().segments.size() == 2);
+  give(all, s2);
+  check_invariants(a.stats(), a.snapshot());
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+  depot::stream_registry::closing(dev, s2);
+}
+
 // A stream depot cannot see the lifetime of (a raw handle never registered) gives its
 // whole free segment to another stream's miss only after the whole device's work is done:
 // no event can be recorded on a handle that may be gone. memory_stats counts those moves
@@ -3020,6 +3131,7 @@ TEST_CASE("pool: a segment moved from a raw stream handle is counted as a device
   const auto s2 = fake_stream(0x2000);
   a.deallocate(a.allocate(n, s1), s1, true, 0);
   const int syncs = ev->syncs, recorded = ev->recorded;
+  ev->idle = {0x1000};  // (never asked: a raw handle may name a destroyed stream)
   void* p = a.allocate(n, s2);  // s1's whole free segment moves to s2's cache
   const depot::memory_stats st = a.stats();
   CHECK(a.snapshot().segments.size() == 1);
@@ -3028,6 +3140,7 @@ TEST_CASE("pool: a segment moved from a raw stream handle is counted as a device
   CHECK(st.num_move_events == 0);
   CHECK(ev->syncs == syncs + 1);
   CHECK(ev->recorded == recorded);
+  CHECK(ev->stream_queries == 0);
   a.deallocate(p, s2, true, 0);
   a.reset_memory_stats();
   CHECK(a.stats().num_move_syncs == 0);
@@ -3840,6 +3953,7 @@ class simulated_forwarder : public depot::upstream_resource {
   depot::device_id device() const noexcept override { return inner_.device(); }
   depot::native_event record_event(depot::native_stream s) override { return inner_.record_event(s); }
   bool event_done(depot::native_event e) override { return inner_.event_done(e); }
+  bool stream_done(depot::native_stream s) override { return inner_.stream_done(s); }
   void wait_event(depot::native_event e) override { inner_.wait_event(e); }
   void stream_wait(depot::native_stream s, depot::native_event e) override { inner_.stream_wait(s, e); }
   void destroy_event(depot::native_event e) noexcept override { inner_.destroy_event(e); }

@@ -86,6 +86,7 @@ class device_upstream final : public upstream_resource {
     return e;
   }
   [[nodiscard]] bool event_done(native_event event) override { return runtime<D>::query_event(event); }
+  [[nodiscard]] bool stream_done(native_stream stream) override { return runtime<D>::query_stream(stream); }
   void wait_event(native_event event) override { runtime<D>::synchronize_event(event); }
   void stream_wait(native_stream stream, native_event event) override
   {

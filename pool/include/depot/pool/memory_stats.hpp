@@ -53,8 +53,9 @@ struct memory_stats {
   // Whole free segments moved from one stream's cache to another's that missed, in place
   // of new memory: a destroyed stream's (all at once), or a live stream's (one per miss);
   // and the events recorded on live streams to order those moves after their work (a move
-  // the taking stream is already ordered after needs none; a destroyed stream's fence is
-  // recorded once, when it is destroyed). Each event is a record and a stream wait.
+  // the taking stream is already ordered after needs none, nor does one from a stream
+  // found with no work left; a destroyed stream's fence is recorded once, when it is
+  // destroyed). Each event is a record and a stream wait.
   std::int64_t num_segments_moved = 0;
   std::int64_t num_move_events = 0;
   // Moves from a live stream whose lifetime depot cannot see (a raw handle never

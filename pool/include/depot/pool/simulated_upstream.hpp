@@ -91,6 +91,7 @@ class simulated_upstream final : public upstream_resource {
     return reinterpret_cast<native_event>(++events_);  // never null
   }
   [[nodiscard]] bool event_done(native_event) override { return true; }
+  [[nodiscard]] bool stream_done(native_stream) override { return true; }
   void wait_event(native_event) override {}
   void stream_wait(native_stream, native_event) override {}
   void destroy_event(native_event) noexcept override {}

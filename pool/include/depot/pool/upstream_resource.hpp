@@ -46,6 +46,14 @@ class upstream_resource {
   virtual void destroy_event(native_event event) noexcept = 0;
   // Blocks until all work on the device is done (whatever streams it was queued on).
   virtual void synchronize_device() = 0;
+  // Whether all work queued on `stream` so far is done, without blocking (a live stream
+  // only; asked with no graph capture under way). false: still running, or not known (the
+  // default, for an upstream that cannot tell: the allocator then orders by an event).
+  [[nodiscard]] virtual bool stream_done(native_stream stream)
+  {
+    (void)stream;
+    return false;
+  }
   // Virtual memory, for expandable segments (allocator_config::expandable_segments).
   // vm_page(): the size and alignment in which memory is mapped; 0 (the default) when this
   // upstream cannot map memory into reserved addresses, and the allocator then makes
