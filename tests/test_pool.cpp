@@ -2941,6 +2941,33 @@ TEST_CASE_TEMPLATE("pool: a stream destroyed while a live block lists it is wait
   check_invariants(a);
 }
 
+// Two registered streams (handles 0x1000 and 0x2000) over a manual_event_upstream, and
+// blocks of n bytes taken and given back on one of them (the steal tests below).
+struct two_stream_steals {
+  explicit two_stream_steals(std::size_t bytes) : n{bytes}
+  {
+    depot::stream_registry::opened(dev, s1);
+    depot::stream_registry::opened(dev, s2);
+  }
+  std::vector<void*> take(depot::native_stream s, std::size_t k)
+  {
+    std::vector<void*> v;
+    for (std::size_t i = 0; i < k; ++i) v.push_back(a.allocate(n, s));
+    return v;
+  }
+  void give(std::vector<void*>& v, depot::native_stream s)
+  {
+    for (void* p : v) a.deallocate(p, s, true, 0);
+    v.clear();
+  }
+  std::size_t n;
+  std::shared_ptr<manual_event_upstream::state> ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a = async_core(ev);
+  depot::native_stream s1 = fake_stream(0x1000);
+  depot::native_stream s2 = fake_stream(0x2000);
+  depot::device_id dev = ev->streams;
+};
+
 // A steal from a live stream orders the thief's stream after the victim's by an event
 // recorded there and a wait, unless the thief's stream already waited for an event of the
 // victim's stream recorded after the segment's last free: then nothing is queued. Each kind
@@ -2953,26 +2980,17 @@ TEST_CASE("pool: a steal queues no event when the thief's stream already waited 
   SUBCASE("linked small segment") { n = 1 * MiB, per = 2; }
   SUBCASE("dense small segment") { n = 64 * KiB, per = 32; }
   CAPTURE(n);
-  auto ev = std::make_shared<manual_event_upstream::state>();
-  depot::detail::allocator_core a = async_core(ev);
-  const auto s1 = fake_stream(0x1000);
-  const auto s2 = fake_stream(0x2000);
-  const depot::device_id dev = ev->streams;
-  depot::stream_registry::opened(dev, s1);
-  depot::stream_registry::opened(dev, s2);
+  two_stream_steals t{n};
+  auto& ev = t.ev;
+  auto& a = t.a;
+  const auto s1 = t.s1, s2 = t.s2;
+  const depot::device_id dev = t.dev;
+  const auto take = [&t](depot::native_stream s, std::size_t k) { return t.take(s, k); };
+  const auto give = [&t](std::vector<void*>& v, depot::native_stream s) { t.give(v, s); };
   const auto segments = [&] { return a.snapshot().segments.size(); };
   // memory_stats counts the moves and their events (num_segments_moved, num_move_events).
   const auto moved = [&] { return a.stats().num_segments_moved; };
   const auto move_events = [&] { return a.stats().num_move_events; };
-  const auto take = [&](depot::native_stream s, std::size_t k) {
-    std::vector<void*> v;
-    for (std::size_t i = 0; i < k; ++i) v.push_back(a.allocate(n, s));
-    return v;
-  };
-  const auto give = [&](std::vector<void*>& v, depot::native_stream s) {
-    for (void* p : v) a.deallocate(p, s, true, 0);
-    v.clear();
-  };
   // Two segments on stream 1, freed there.
   std::vector<void*> on1 = take(s1, 2 * per);
   REQUIRE(segments() == 2);
@@ -3043,22 +3061,13 @@ TEST_CASE("pool: a steal from a stream with no work left queues no event")
   SUBCASE("linked small segment") { n = 1 * MiB, per = 2; }
   SUBCASE("dense small segment") { n = 64 * KiB, per = 32; }
   CAPTURE(n);
-  auto ev = std::make_shared<manual_event_upstream::state>();
-  depot::detail::allocator_core a = async_core(ev);
-  const auto s1 = fake_stream(0x1000);
-  const auto s2 = fake_stream(0x2000);
-  const depot::device_id dev = ev->streams;
-  depot::stream_registry::opened(dev, s1);
-  depot::stream_registry::opened(dev, s2);
-  const auto take = [&](depot::native_stream s, std::size_t k) {
-    std::vector<void*> v;
-    for (std::size_t i = 0; i < k; ++i) v.push_back(a.allocate(n, s));
-    return v;
-  };
-  const auto give = [&](std::vector<void*>& v, depot::native_stream s) {
-    for (void* p : v) a.deallocate(p, s, true, 0);
-    v.clear();
-  };
+  two_stream_steals t{n};
+  auto& ev = t.ev;
+  auto& a = t.a;
+  const auto s1 = t.s1, s2 = t.s2;
+  const depot::device_id dev = t.dev;
+  const auto take = [&t](depot::native_stream s, std::size_t k) { return t.take(s, k); };
+  const auto give = [&t](std::vector<void*>& v, depot::native_stream s) { t.give(v, s); };
   std::vector<void*> on1 = take(s1, 2 * per);
   REQUIRE(a.snapshot().segments.size() == 2);
   give(on1, s1);
