@@ -2941,64 +2941,60 @@ TEST_CASE_TEMPLATE("pool: a stream destroyed while a live block lists it is wait
   check_invariants(a);
 }
 
-// Two registered streams (handles 0x1000 and 0x2000) over a manual_event_upstream, and
-// blocks of n bytes taken and given back on one of them (the steal tests below).
+// Two registered streams (handles 0x1000 and 0x2000) over a manual_event_upstream, for
+// the steal tests below: in a subcase per kind of segment, blocks of n bytes that tile one
+// `per` at a time (a 20 MiB large segment by one block, a linked small one by two of
+// 1 MiB, a dense one by 32 of 64 KiB).
 struct two_stream_steals {
-  explicit two_stream_steals(std::size_t bytes) : n{bytes}
+  two_stream_steals()
   {
+    SUBCASE("large pool") {}
+    SUBCASE("linked small segment") { n = 1 * MiB, per = 2; }
+    SUBCASE("dense small segment") { n = 64 * KiB, per = 32; }
+    CAPTURE(n);
     depot::stream_registry::opened(dev, s1);
     depot::stream_registry::opened(dev, s2);
   }
-  std::vector<void*> take(depot::native_stream s, std::size_t k)
-  {
-    std::vector<void*> v;
-    for (std::size_t i = 0; i < k; ++i) v.push_back(a.allocate(n, s));
-    return v;
-  }
-  void give(std::vector<void*>& v, depot::native_stream s)
-  {
-    for (void* p : v) a.deallocate(p, s, true, 0);
-    v.clear();
-  }
-  std::size_t n;
+  std::size_t n = 20 * MiB, per = 1;
   std::shared_ptr<manual_event_upstream::state> ev = std::make_shared<manual_event_upstream::state>();
   depot::detail::allocator_core a = async_core(ev);
   depot::native_stream s1 = fake_stream(0x1000);
   depot::native_stream s2 = fake_stream(0x2000);
   depot::device_id dev = ev->streams;
 };
+// k blocks of t.n bytes on stream s; given back on s.
+static std::vector<void*> take(two_stream_steals& t, depot::native_stream s, std::size_t k)
+{
+  std::vector<void*> v;
+  for (std::size_t i = 0; i < k; ++i) v.push_back(t.a.allocate(t.n, s));
+  return v;
+}
+static void give(two_stream_steals& t, std::vector<void*>& v, depot::native_stream s)
+{
+  for (void* p : v) t.a.deallocate(p, s, true, 0);
+  v.clear();
+}
 
 // A steal from a live stream orders the thief's stream after the victim's by an event
 // recorded there and a wait, unless the thief's stream already waited for an event of the
 // victim's stream recorded after the segment's last free: then nothing is queued. Each kind
-// of segment, filled by blocks that tile it (a 20 MiB large segment by one block, a linked
-// small one by two of 1 MiB, a dense one by 32 of 64 KiB).
+// of segment (two_stream_steals).
 TEST_CASE("pool: a steal queues no event when the thief's stream already waited past the segment's last free")
 {
-  std::size_t n = 20 * MiB, per = 1;
-  SUBCASE("large pool") {}
-  SUBCASE("linked small segment") { n = 1 * MiB, per = 2; }
-  SUBCASE("dense small segment") { n = 64 * KiB, per = 32; }
-  CAPTURE(n);
-  two_stream_steals t{n};
-  auto& ev = t.ev;
-  auto& a = t.a;
-  const auto s1 = t.s1, s2 = t.s2;
-  const depot::device_id dev = t.dev;
-  const auto take = [&t](depot::native_stream s, std::size_t k) { return t.take(s, k); };
-  const auto give = [&t](std::vector<void*>& v, depot::native_stream s) { t.give(v, s); };
+  two_stream_steals t;
+  auto& [n, per, ev, a, s1, s2, dev] = t;
   const auto segments = [&] { return a.snapshot().segments.size(); };
   // memory_stats counts the moves and their events (num_segments_moved, num_move_events).
   const auto moved = [&] { return a.stats().num_segments_moved; };
   const auto move_events = [&] { return a.stats().num_move_events; };
   // Two segments on stream 1, freed there.
-  std::vector<void*> on1 = take(s1, 2 * per);
+  std::vector<void*> on1 = take(t, s1, 2 * per);
   REQUIRE(segments() == 2);
-  give(on1, s1);
+  give(t, on1, s1);
   // Stream 2 takes both over: the first steal records an event on stream 1 (after both
   // frees) and queues a wait on stream 2; the second is covered by that wait.
   int recorded = ev->recorded, waits = ev->stream_waits;
-  std::vector<void*> on2 = take(s2, 2 * per);
+  std::vector<void*> on2 = take(t, s2, 2 * per);
   CHECK(segments() == 2);  // taken over, not grown
   CHECK(ev->recorded == recorded + 1);
   CHECK(ev->last_record_stream == 0x1000);
@@ -3009,18 +3005,18 @@ TEST_CASE("pool: a steal queues no event when the thief's stream already waited 
   // Freed on stream 2, then stream 1 takes one back: an event on stream 2 (stream 1 never
   // waited for one). Stream 2 then uses and frees its other segment: its last free comes
   // after that event, so stream 1 taking it over needs a new one.
-  give(on2, s2);
+  give(t, on2, s2);
   recorded = ev->recorded;
   waits = ev->stream_waits;
-  on1 = take(s1, per);
+  on1 = take(t, s1, per);
   CHECK(ev->recorded == recorded + 1);
   CHECK(ev->last_record_stream == 0x2000);
   CHECK(ev->stream_waits == waits + 1);
   CHECK(ev->waiting_stream == 0x1000);
-  on2 = take(s2, per);  // its own remaining segment
+  on2 = take(t, s2, per);  // its own remaining segment
   CHECK(ev->recorded == recorded + 1);
-  give(on2, s2);
-  std::vector<void*> more = take(s1, per);
+  give(t, on2, s2);
+  std::vector<void*> more = take(t, s1, per);
   CHECK(segments() == 2);
   CHECK(ev->recorded == recorded + 2);  // not covered: freed after the wait
   CHECK(ev->last_record_stream == 0x2000);
@@ -3030,16 +3026,16 @@ TEST_CASE("pool: a steal queues no event when the thief's stream already waited 
   CHECK(a.stats().num_move_syncs == 0);  // (registered streams: events, never the device)
   CHECK(a.summary().find("segments moved between streams 4 (events recorded for them 3, device synchronisations 0)") !=
         std::string::npos);
-  give(on1, s1);
-  give(more, s1);
+  give(t, on1, s1);
+  give(t, more, s1);
   // Stream 1 destroyed with both segments free in its cache: stream 2's next miss takes
   // them over at once, ordered by the fence recorded at the destruction (no move event).
   depot::stream_registry::closing(dev, s1);
-  on2 = take(s2, 2 * per);
+  on2 = take(t, s2, 2 * per);
   CHECK(segments() == 2);
   CHECK(moved() == 6);
   CHECK(move_events() == 3);
-  give(on2, s2);
+  give(t, on2, s2);
   check_invariants(a.stats(), a.snapshot());
   a.reset_memory_stats();  // both counters restart, as the other totals do
   CHECK(moved() == 0);
@@ -3056,25 +3052,15 @@ TEST_CASE("pool: a steal queues no event when the thief's stream already waited 
 // asked (a handle may be gone). Each kind of segment, as above.
 TEST_CASE("pool: a steal from a stream with no work left queues no event")
 {
-  std::size_t n = 20 * MiB, per = 1;
-  SUBCASE("large pool") {}
-  SUBCASE("linked small segment") { n = 1 * MiB, per = 2; }
-  SUBCASE("dense small segment") { n = 64 * KiB, per = 32; }
-  CAPTURE(n);
-  two_stream_steals t{n};
-  auto& ev = t.ev;
-  auto& a = t.a;
-  const auto s1 = t.s1, s2 = t.s2;
-  const depot::device_id dev = t.dev;
-  const auto take = [&t](depot::native_stream s, std::size_t k) { return t.take(s, k); };
-  const auto give = [&t](std::vector<void*>& v, depot::native_stream s) { t.give(v, s); };
-  std::vector<void*> on1 = take(s1, 2 * per);
+  two_stream_steals t;
+  auto& [n, per, ev, a, s1, s2, dev] = t;
+  std::vector<void*> on1 = take(t, s1, 2 * per);
   REQUIRE(a.snapshot().segments.size() == 2);
-  give(on1, s1);
+  give(t, on1, s1);
   // Stream 1 has nothing left to run: stream 2 takes a segment over with one query.
   ev->idle = {0x1000};
   int recorded = ev->recorded, waits = ev->stream_waits, queries = ev->stream_queries;
-  std::vector<void*> first = take(s2, per);
+  std::vector<void*> first = take(t, s2, per);
   CHECK(ev->stream_queries == queries + 1);
   CHECK(ev->recorded == recorded);
   CHECK(ev->stream_waits == waits);
@@ -3082,16 +3068,16 @@ TEST_CASE("pool: a steal from a stream with no work left queues no event")
   CHECK(a.stats().num_move_events == 0);
   // Stream 1 busy again: its other segment was freed before the query, so covered.
   ev->idle.clear();
-  std::vector<void*> second = take(s2, per);
+  std::vector<void*> second = take(t, s2, per);
   CHECK(a.snapshot().segments.size() == 2);
   CHECK(ev->stream_queries == queries + 1);
   CHECK(ev->recorded == recorded);
   CHECK(a.stats().num_segments_moved == 2);
   // Freed on stream 2, which has work left: stream 1 taking one back asks, then records an
   // event on stream 2 and waits for it.
-  give(first, s2);
-  give(second, s2);
-  on1 = take(s1, per);
+  give(t, first, s2);
+  give(t, second, s2);
+  on1 = take(t, s1, per);
   CHECK(ev->stream_queries == queries + 2);
   CHECK(ev->recorded == recorded + 1);
   CHECK(ev->last_record_stream == 0x2000);
@@ -3102,24 +3088,24 @@ TEST_CASE("pool: a steal from a stream with no work left queues no event")
   // Memory freed on stream 1 after a query is not covered by it: freed there, stream 1
   // idle, stream 2 takes it with a new query; then freed on 2 and 2 idle, 1 takes it back
   // with a query, no event.
-  give(on1, s1);
+  give(t, on1, s1);
   ev->idle = {0x1000, 0x2000};
-  std::vector<void*> again = take(s2, 2 * per);  // its own one, then stream 1's
+  std::vector<void*> again = take(t, s2, 2 * per);  // its own one, then stream 1's
   CHECK(ev->stream_queries == queries + 3);
   CHECK(ev->recorded == recorded + 1);
-  give(again, s2);
-  on1 = take(s1, per);
+  give(t, again, s2);
+  on1 = take(t, s1, per);
   CHECK(ev->stream_queries == queries + 4);
   CHECK(ev->recorded == recorded + 1);
   CHECK(a.stats().num_segments_moved == 5);
   CHECK(a.stats().num_move_events == 1);
-  give(on1, s1);
+  give(t, on1, s1);
   // A destroyed stream's memory moves on its fence, unasked.
   depot::stream_registry::closing(dev, s1);
-  std::vector<void*> all = take(s2, 2 * per);
+  std::vector<void*> all = take(t, s2, 2 * per);
   CHECK(ev->stream_queries == queries + 4);
   CHECK(a.snapshot().segments.size() == 2);
-  give(all, s2);
+  give(t, all, s2);
   check_invariants(a.stats(), a.snapshot());
   a.empty_cache();
   CHECK(a.stats().reserved_bytes.all.current == 0);
