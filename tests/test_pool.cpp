@@ -5371,6 +5371,44 @@ TEST_CASE_TEMPLATE("pool: a live stream's cache gives one whole free segment, th
 // taken over first; a live stream's where steal_threshold says so (growing would pass it;
 // 0, the default: always), else the allocator grows (no wait on another stream's work)
 // and takes one over when growing is refused, before it releases its cache (no retry).
+// A live stream's whole free segment taken over by another stream: while the old stream
+// still has work queued (a long wait, then a fill of the block), the new stream's writes
+// come after it (an event recorded there, waited for on the device); once a stream has no
+// work left, the take-over queues nothing (its stream query stands in for the event).
+TEST_CASE_TEMPLATE("pool: memory taken over from a busy stream is written after its work there, from an idle one at once",
+                   D, DEPOT_TEST_DEVICES)
+{
+  const std::size_t n = 24 * MiB;  // one segment
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  depot::stream<D> s1;
+  depot::stream<D> s2;
+  auto* x = static_cast<float*>(a.allocate(n, s1));
+  depot::ops::busy_wait<D>(std::chrono::milliseconds(depot::is_gpu_v<D> ? 200 : 1), s1);
+  depot::ops::fill<D, float>(x, n / sizeof(float), 1.0F, s1);
+  a.deallocate(x, s1);  // free at once on s1, its fill still queued
+  const auto events = a.stats().num_move_events;
+  const bool busy = !s1.ready();  // (on a GPU: the 200 ms wait still runs)
+  auto* y = static_cast<float*>(a.allocate(n, s2));
+  CHECK(y == x);  // taken over, not grown
+  CHECK(a.stats().num_segments_moved == 1);
+  CHECK(a.stats().num_move_events == events + (busy ? 1 : 0));
+  depot::ops::fill<D, float>(y, n / sizeof(float), 2.0F, s2);
+  s2.synchronize();
+  float last[4] = {};
+  depot::runtime<D>::copy(last, y + n / sizeof(float) - 4, sizeof last);
+  CHECK(last[3] == 2.0F);  // s1's fill came first
+  a.deallocate(y, s2);
+  s2.synchronize();  // s2 has nothing left to run
+  CHECK(s2.ready());
+  auto* z = static_cast<float*>(a.allocate(n, s1));
+  CHECK(z == x);
+  CHECK(a.stats().num_segments_moved == 2);
+  CHECK(a.stats().num_move_events == events + (busy ? 1 : 0));  // no event for an idle stream
+  check_invariants(a);
+  a.deallocate(z, s1);
+  s1.synchronize();
+}
+
 TEST_CASE_TEMPLATE("pool: a miss grows before it takes over a live stream's segments, unless steal_threshold", D,
                    DEPOT_TEST_DEVICES)
 {
