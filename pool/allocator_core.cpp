@@ -1222,6 +1222,12 @@ static_assert(stat_delta::cells_of(stat_delta::op_large) == 0 && stat_delta::cel
 struct shared_stats {
   alignas(64) spin_lock mu;
   std::atomic<const stat_delta*> last{nullptr};  // the delta published last (written under mu)
+  // d is about to be destroyed: a later delta at its address must not read as published last.
+  void forget(const stat_delta& d) noexcept
+  {
+    std::lock_guard g{mu};
+    if (last.load(std::memory_order_relaxed) == &d) last.store(nullptr, std::memory_order_relaxed);
+  }
   std::uint64_t publishes = 0;                   // publish() calls so far (under mu)
   std::array<std::atomic<std::int64_t>, 16> value{};  // current figures
   std::array<std::atomic<std::int64_t>, 16> added{};
@@ -1760,7 +1766,8 @@ std::array<std::atomic<int>, 4> process_captures{};
 // the deltas were the caches', a thread's changes moved with it by swapping two caches'
 // deltas under both their locks). Touched by its thread under the lock of the cache it
 // works on, or by a reader holding every cache's lock, never otherwise. Owned by the
-// allocator; a later thread takes it over once its thread has exited (published first).
+// allocator; a later thread takes it over once its thread has exited (published first),
+// or, past k_spare_stats free ones, it goes.
 struct alignas(64) thread_stats {
   explicit thread_stats(std::size_t stats_batch) noexcept : delta{stats_batch} {}
   stat_delta delta;
@@ -2256,7 +2263,20 @@ struct allocator_core::impl {
     mine->last = nullptr;
     const std::lock_guard g{stats_mu};
     mine->thread = 0;
+    // Kept for a later thread, unless k_spare_stats are free already: then it goes (no
+    // cache points at it: an unlocked cache's delta is its own).
+    const auto spare = std::count_if(thread_deltas.begin(), thread_deltas.end(),
+                                     [](const auto& t) { return t->thread == 0; });
+    if (static_cast<std::size_t>(spare) <= k_spare_stats) return;
+    figures.forget(mine->delta);
+    const auto it = std::find_if(thread_deltas.begin(), thread_deltas.end(),
+                                 [mine](const auto& t) { return t.get() == mine; });
+    std::swap(*it, thread_deltas.back());
+    thread_deltas.pop_back();
   }
+  // Free thread_stats (~1 KB each) an allocator keeps for later threads: 10 000 threads at
+  // work at once, then gone, leave 64.
+  static constexpr std::size_t k_spare_stats = 64;
   // Every thread's delta (caller holds every cache lock).
   void publish_threads() const noexcept
   {
@@ -2270,7 +2290,8 @@ struct allocator_core::impl {
     for (const auto& c : caches) figures.publish(c->home);
   }
   // The threads' statistics deltas (thread_stats), appended (under stats_mu, taken after
-  // any cache lock and before figures.mu) and never removed while the allocator lives.
+  // any cache lock and before figures.mu), a free one removed as its thread exits where
+  // k_spare_stats others are free.
   mutable std::mutex stats_mu;
   std::vector<std::unique_ptr<thread_stats>> thread_deltas;
   std::atomic<std::int64_t> misses{0}, retries{0}, ooms{0};

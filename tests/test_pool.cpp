@@ -4432,6 +4432,40 @@ TEST_CASE("pool: threads that come and go take over one another's statistics del
   check_invariants(st, a.snapshot());
 }
 
+// Many threads at work at once, then gone: their deltas are published as they exit (the
+// totals exact), and past 64 free ones each exiting thread's delta goes, so the allocator
+// keeps 64 for later threads rather than one per thread it ever saw at once.
+TEST_CASE("pool: 200 threads at once leave 64 spare statistics deltas, their changes all published")
+{
+  depot::detail::allocator_core a{std::make_unique<depot::simulated_upstream>(std::size_t{1} << 40),
+                                  quiet_config<depot::host>(), /*asynchronous=*/false};
+  constexpr int k_threads = 200;
+  std::atomic<int> arrived{0};
+  std::vector<std::thread> many;
+  for (int t = 0; t < k_threads; ++t) {
+    many.emplace_back([&, t] {
+      const depot::native_stream s = fake_stream(0x1000 * static_cast<std::uintptr_t>(t % 8 + 1));
+      void* p = a.allocate(64 * KiB, s);
+      arrived.fetch_add(1);
+      while (arrived.load() < k_threads) std::this_thread::yield();  // all at work at once
+      a.deallocate(p, s, t % 2 == 0, 0);
+    });
+  }
+  for (auto& th : many) th.join();
+  CHECK(a.thread_deltas() == 64);
+  depot::memory_stats st = a.stats();
+  CHECK(st.num_allocations.all.allocated == k_threads);
+  CHECK(st.num_allocations.all.freed == k_threads);
+  CHECK(st.num_allocations.all.current == 0);
+  CHECK(st.num_allocations.all.peak <= k_threads);
+  CHECK(st.requested_bytes.all.current == 0);
+  check_invariants(st, a.snapshot());
+  // A later thread takes a spare one over.
+  std::thread([&] { a.deallocate(a.allocate(MiB, fake_stream(0x1000)), fake_stream(0x1000), true, 0); }).join();
+  CHECK(a.thread_deltas() == 64);
+  CHECK(a.stats().num_allocations.all.allocated == k_threads + 1);
+}
+
 // A thread remembers its last four allocators: a fifth takes the least recent's place.
 // Back on that one, the thread finds its own delta again (not a new one), with the drift
 // it kept there: 3 x 8 MiB hits past the 1 MiB batch, then the four others, then 8 MiB

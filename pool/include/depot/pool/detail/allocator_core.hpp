@@ -59,8 +59,9 @@ class allocator_core {
   // pools'); a closed stream's cache with no block in use is taken over by a new stream,
   // not made anew.
   [[nodiscard]] std::size_t stream_caches() const;
-  // For tests: how many threads' statistics deltas this allocator has made (one per thread
-  // that worked on it; an exited thread's is taken over by the next new thread).
+  // For tests: how many threads' statistics deltas this allocator holds (one per thread
+  // that worked on it; an exited thread's is taken over by the next new thread, or goes
+  // where 64 others are free).
   [[nodiscard]] std::size_t thread_deltas() const;
   [[nodiscard]] std::vector<trace_event> trace() const;
   [[nodiscard]] std::string trace_json() const;
