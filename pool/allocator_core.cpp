@@ -2265,13 +2265,14 @@ struct allocator_core::impl {
     mine->thread = 0;
     // Kept for a later thread, unless k_spare_stats are free already: then it goes (no
     // cache points at it: an unlocked cache's delta is its own).
-    const auto spare = std::count_if(thread_deltas.begin(), thread_deltas.end(),
-                                     [](const auto& t) { return t->thread == 0; });
-    if (static_cast<std::size_t>(spare) <= k_spare_stats) return;
+    std::size_t spare = 0, at = 0;  // free records (this one too); this one's index
+    for (std::size_t i = 0; i < thread_deltas.size(); ++i) {
+      spare += thread_deltas[i]->thread == 0 ? 1 : 0;
+      if (thread_deltas[i].get() == mine) at = i;
+    }
+    if (spare <= k_spare_stats) return;
     figures.forget(mine->delta);
-    const auto it = std::find_if(thread_deltas.begin(), thread_deltas.end(),
-                                 [mine](const auto& t) { return t.get() == mine; });
-    std::swap(*it, thread_deltas.back());
+    std::swap(thread_deltas[at], thread_deltas.back());
     thread_deltas.pop_back();
   }
   // Free thread_stats (~1 KB each) an allocator keeps for later threads: 10 000 threads at

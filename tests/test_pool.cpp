@@ -2951,7 +2951,6 @@ struct two_stream_steals {
     SUBCASE("large pool") {}
     SUBCASE("linked small segment") { n = 1 * MiB, per = 2; }
     SUBCASE("dense small segment") { n = 64 * KiB, per = 32; }
-    CAPTURE(n);
     depot::stream_registry::opened(dev, s1);
     depot::stream_registry::opened(dev, s2);
   }
@@ -2983,6 +2982,7 @@ TEST_CASE("pool: a steal queues no event when the thief's stream already waited 
 {
   two_stream_steals t;
   auto& [n, per, ev, a, s1, s2, dev] = t;
+  CAPTURE(n);
   const auto segments = [&] { return a.snapshot().segments.size(); };
   // memory_stats counts the moves and their events (num_segments_moved, num_move_events).
   const auto moved = [&] { return a.stats().num_segments_moved; };
@@ -3054,6 +3054,7 @@ TEST_CASE("pool: a steal from a stream with no work left queues no event")
 {
   two_stream_steals t;
   auto& [n, per, ev, a, s1, s2, dev] = t;
+  CAPTURE(n);
   std::vector<void*> on1 = take(t, s1, 2 * per);
   REQUIRE(a.snapshot().segments.size() == 2);
   give(t, on1, s1);
