@@ -2234,7 +2234,10 @@ struct allocator_core::impl {
       {
         fork_list& l = forks();
         const std::lock_guard g{l.mu};
-        for (impl* m : l.all) m->publish_and_leave();
+        for (impl* m : l.all) {
+          m->close_per_thread_stream();
+          m->publish_and_leave();
+        }
         tl_caches.ops.fill({});
       }
     };
@@ -3459,19 +3462,74 @@ struct allocator_core::impl {
   // Whether a handle names a stream that is never destroyed: the default (legacy) stream,
   // and CUDA's and HIP's per-thread default streams (cudaStreamLegacy, *PerThread).
   static bool built_in(native_stream s) noexcept { return reinterpret_cast<std::uintptr_t>(s) <= 2; }
+
+  // The per-thread default stream's handle (cudaStreamPerThread, hipStreamPerThread: 0x2)
+  // names the calling thread's own stream, so the allocator keys it by thread: the public
+  // entry points turn it into the key k_per_thread_tag | thread_token() (key_of), a stream
+  // of its own with its own cache, given back as the handle only to backend calls on its
+  // own thread (native). Another thread's cannot be reached: native() throws, and every
+  // path that orders memory after it (stream_lives() false) finishes the device's work, as
+  // for a raw handle. A thread's key is closed like a destroyed stream as the thread exits
+  // (close_per_thread_stream). Bit 62 is never set in a user-space address (the marker's
+  // bit 63 is told apart).
+  static constexpr std::uintptr_t k_per_thread_handle = 2;
+  static constexpr std::uintptr_t k_per_thread_tag = std::uintptr_t{1} << 62U;
+  static native_stream own_per_thread() noexcept
+  {
+    return reinterpret_cast<native_stream>(k_per_thread_tag | thread_token());
+  }
+  static native_stream key_of(native_stream s) noexcept
+  {
+    return reinterpret_cast<std::uintptr_t>(s) == k_per_thread_handle ? own_per_thread() : s;
+  }
+  static bool per_thread(native_stream s) noexcept
+  {
+    const auto v = reinterpret_cast<std::uintptr_t>(s);
+    return (v & k_per_thread_tag) != 0 && (v & k_closed_marker) == 0;
+  }
+  // The handle a backend call takes for stream key s: a per-thread key is this thread's
+  // per-thread default stream, or unreachable here (an error, which callers take as a
+  // refused event: the device's work is finished instead).
+  native_stream native(native_stream s) const
+  {
+    if (!per_thread(s)) [[likely]] return s;
+    if (s == own_per_thread()) return reinterpret_cast<native_stream>(k_per_thread_handle);
+    throw error("depot: " + dev.to_string() + " caching allocator: thread " +
+                    std::to_string(reinterpret_cast<std::uintptr_t>(s) & ~k_per_thread_tag) +
+                    "'s per-thread default stream cannot be reached from thread " + std::to_string(thread_token()),
+                "native(per-thread stream key)", __FILE__, __LINE__, 0, "another_thread_stream");
+  }
+  native_event record_on(native_stream s) { return up->record_event(native(s)); }
+  void wait_on(native_stream s, native_event e) { up->stream_wait(native(s), e); }
+  // As the thread exits: its per-thread default stream's cache here, if any, closed as a
+  // destroyed stream's (a fence at its last work, on the spare list): the key is never
+  // used again, and the memory is taken over or stolen after the fence, not by finishing
+  // the device's work. Before publish_and_leave (closing changes statistics).
+  void close_per_thread_stream() noexcept
+  {
+    const native_stream key = own_per_thread();
+    {
+      std::shared_lock r{registry_mu};
+      if (by_stream.find(key) == by_stream.end()) return;
+    }
+    stream_closing(streams_of, key);
+  }
   // Whether all of the work queued on live stream s so far is done (false where the backend
   // cannot tell or fails to: the caller then orders by an event). Never during a capture
   // (a query is forbidden then): steal() does nothing during one.
   bool stream_idle(native_stream s) noexcept
   {
     try {
-      return up->stream_done(s);
+      return up->stream_done(native(s));
     } catch (...) {
       return false;
     }
   }
   // Whether work may still be queued on s: a built-in stream, or one stream_registry lists.
-  bool stream_lives(native_stream s) const noexcept { return built_in(s) || stream_registry::live(streams_of.kind, s); }
+  bool stream_lives(native_stream s) const noexcept
+  {
+    return built_in(s) || (per_thread(s) ? s == own_per_thread() : stream_registry::live(streams_of.kind, s));
+  }
   // A stream other than c's own, for ordering a block of c on it: a different handle, or
   // c's own handle on a closed cache when it is live again (the backend gave the
   // destroyed stream's handle to a new stream, whose work the fence does not cover).
@@ -3507,7 +3565,7 @@ struct allocator_core::impl {
   template <class Wait>
   void follow_stream(native_stream s, Wait wait)
   {
-    const native_event e = up->record_event(s);
+    const native_event e = record_on(s);
     try {
       wait(e);
     } catch (...) {
@@ -3539,7 +3597,7 @@ struct allocator_core::impl {
   {
     if (!async) return;
     try {
-      follow_last_uses(other, [&](native_event e) { up->stream_wait(to, e); });
+      follow_last_uses(other, [&](native_event e) { wait_on(to, e); });
     } catch (const error&) {
       up->synchronize_device();
     }
@@ -3565,7 +3623,7 @@ struct allocator_core::impl {
     const std::uint64_t gen = other.steal_gen;
     if (!stream_idle(other.stream)) {
       try {
-        follow_stream(other.stream, [&](native_event e) { up->stream_wait(c.stream, e); });
+        follow_stream(other.stream, [&](native_event e) { wait_on(c.stream, e); });
       } catch (const error&) {
         up->synchronize_device();
         return;
@@ -3617,10 +3675,10 @@ struct allocator_core::impl {
   {
     if (c.fence != nullptr) {
       if (capturing()) {  // no query: a wait on a complete event costs the stream nothing
-        up->stream_wait(c.stream, c.fence);
+        wait_on(c.stream, c.fence);
       } else {
         try {
-          if (!up->event_done(c.fence)) up->stream_wait(c.stream, c.fence);
+          if (!up->event_done(c.fence)) wait_on(c.stream, c.fence);
         } catch (const error&) {
           up->synchronize_device();
         }
@@ -3667,7 +3725,7 @@ struct allocator_core::impl {
   {
     if (!async) return nullptr;  // (synchronous: the stream's work is done)
     try {
-      return up->record_event(s);
+      return record_on(s);
     } catch (...) {
       finish_device_outside_capture();
       return nullptr;
@@ -3803,7 +3861,7 @@ struct allocator_core::impl {
   {
     if (!async) return;
     if (c.fence != nullptr) {
-      or_finish_device([&] { up->stream_wait(to, c.fence); });
+      or_finish_device([&] { wait_on(to, c.fence); });
       up->destroy_event(std::exchange(c.fence, nullptr));
       return;  // (destroyed: no later work)
     }
@@ -3812,7 +3870,7 @@ struct allocator_core::impl {
       finish_device_outside_capture();
       return;
     }
-    or_finish_device([&] { follow_stream(from, [&](native_event e) { up->stream_wait(to, e); }); });
+    or_finish_device([&] { follow_stream(from, [&](native_event e) { wait_on(to, e); }); });
     try {
       uses_listed.store(true, std::memory_order_relaxed);
       const auto list = [&](const block_ref& r) {
@@ -3918,7 +3976,7 @@ struct allocator_core::impl {
         try {
           c.pending.reserve(c.pending.size() + uses->size());
           for (native_stream s : *uses) {
-            c.pending.emplace_back(up->record_event(s), r);  // (reserved)
+            c.pending.emplace_back(record_on(s), r);  // (reserved)
             ++recorded;
           }
         } catch (...) {  // no room, or a stream refused an event: order by the device's work
@@ -4016,7 +4074,7 @@ struct allocator_core::impl {
           if (is_marker(s)) continue;  // made since the waits above: its capture's end
           try {
             c->pending.reserve(c->pending.size() + 1);
-            const native_event e = up->record_event(s);
+            const native_event e = record_on(s);
             c->pending.emplace_back(e, b);  // (reserved)
             continue;
           } catch (...) {  // the stream refused it: order by the device's work instead
@@ -4958,6 +5016,7 @@ allocator_core::~allocator_core() { impl::delist(impl_.get()); }
 void* allocator_core::allocate(std::size_t bytes, native_stream stream)
 {
   impl& m = *impl_;
+  stream = impl::key_of(stream);
   if (bytes == 0) return nullptr;
   if (bytes > k_max_request) {
     m.ooms.fetch_add(1);
@@ -5002,6 +5061,7 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
 {
   impl& m = *impl_;
   if (ptr == nullptr) return;
+  stream = impl::key_of(stream);
   // The hinted cache first, inline (lookup() without its pair), so the common free takes
   // one pass and the compiler sees which figures it changed.
   stream_cache* const hint = m.hint_for(stream, stream_given);
@@ -5128,7 +5188,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
           m.wait_closed(s);
           continue;
         }
-        events.push_back(m.up->record_event(s));
+        events.push_back(m.record_on(s));
       }
     } catch (...) {
       for (native_event e : events) m.up->destroy_event(e);
@@ -5153,6 +5213,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
 void allocator_core::record_stream(void* ptr, native_stream stream)
 {
   impl& m = *impl_;
+  stream = impl::key_of(stream);
   auto [b, lock] = m.lookup(ptr, m.hint_for(stream, false), false);
   stream_cache& c = impl::cache_of(b);
   // Its own stream: nothing to list. A closed cache's handle that is live again counts as
@@ -5171,6 +5232,7 @@ std::string pool_name(std::uint64_t pool) { return "capture pool " + std::to_str
 std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t pool)
 {
   impl& m = *impl_;
+  stream = impl::key_of(stream);
   std::uint64_t id = 0;
   {
     std::unique_lock w{m.registry_mu};
@@ -5237,6 +5299,7 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
 void allocator_core::end_capture(native_stream stream)
 {
   impl& m = *impl_;
+  stream = impl::key_of(stream);
   bool last = false;
   {
     std::unique_lock w{m.registry_mu};

@@ -56,6 +56,7 @@
 #include <exception>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <limits>
 #include <map>
 #include <memory>
@@ -2072,9 +2073,21 @@ class manual_event_upstream final : public depot::upstream_resource {
     // the stream_done() calls.
     std::set<std::uintptr_t> idle;
     int stream_queries = 0;
+    // Calls (record, wait, query) on the per-thread default stream's handle (0x2) by each
+    // thread, and calls given a value that is no handle: the allocator's per-thread key
+    // (bit 62) passed on.
+    std::map<std::thread::id, int> per_thread_calls;
+    int key_calls = 0;
     std::mutex mu;  // held by every call below (a test reads the fields between calls)
   };
   explicit manual_event_upstream(std::shared_ptr<state> s) : s_{std::move(s)} {}
+  // (caller holds s_->mu)
+  void saw(depot::native_stream stream)
+  {
+    const auto v = reinterpret_cast<std::uintptr_t>(stream);
+    if (v == 2) ++s_->per_thread_calls[std::this_thread::get_id()];
+    s_->key_calls += (v >> 62U) == 1 ? 1 : 0;
+  }
   void* allocate(std::size_t bytes) override
   {
     {
@@ -2100,6 +2113,7 @@ class manual_event_upstream final : public depot::upstream_resource {
     const std::lock_guard g{s_->mu};
     if (s_->fail_events) throw depot::error("test: event refused", "record_event", __FILE__, __LINE__, 1, "test");
     ++s_->recorded;
+    saw(stream);
     s_->last_record_stream = reinterpret_cast<std::uintptr_t>(stream);
     s_->dead_records += static_cast<int>(s_->dead.count(s_->last_record_stream));
     s_->captured_records += s_->capture ? 1 : 0;
@@ -2117,6 +2131,7 @@ class manual_event_upstream final : public depot::upstream_resource {
     const std::lock_guard g{s_->mu};
     s_->forbidden += s_->capture ? 1 : 0;
     ++s_->stream_queries;
+    saw(s);
     return s_->idle.count(reinterpret_cast<std::uintptr_t>(s)) != 0;
   }
   void wait_event(depot::native_event e) override
@@ -2131,6 +2146,7 @@ class manual_event_upstream final : public depot::upstream_resource {
     const std::lock_guard g{s_->mu};
     if (s_->fail_waits) throw depot::error("test: wait refused", "stream_wait", __FILE__, __LINE__, 1, "test");
     ++s_->stream_waits;
+    saw(s);
     s_->waiting_stream = reinterpret_cast<std::uintptr_t>(s);
     s_->waited_event = id(e);
   }
@@ -3117,6 +3133,149 @@ TEST_CASE("pool: a steal from a stream with no work left queues no event")
 // whole free segment to another stream's miss only after the whole device's work is done:
 // no event can be recorded on a handle that may be gone. memory_stats counts those moves
 // apart (num_move_syncs), so a code can see what registering its streams would spare.
+// A thread that runs the calls given to it one at a time, each to its end (its exception
+// rethrown) before run() returns, then exits at finish(): "thread A" of a test's steps
+// between its own.
+class step_thread {
+ public:
+  step_thread() : t_{[this] { loop(); }} {}
+  step_thread(const step_thread&) = delete;
+  step_thread& operator=(const step_thread&) = delete;
+  ~step_thread() { finish(); }
+  void run(std::function<void()> f)
+  {
+    std::packaged_task<void()> task{std::move(f)};
+    std::future<void> done = task.get_future();
+    {
+      const std::lock_guard g{mu_};
+      next_ = std::move(task);
+      given_ = true;
+    }
+    cv_.notify_all();
+    done.get();
+  }
+  void finish()
+  {
+    {
+      const std::lock_guard g{mu_};
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (t_.joinable()) t_.join();
+  }
+  [[nodiscard]] std::thread::id id() const noexcept { return t_.get_id(); }
+
+ private:
+  void loop()
+  {
+    for (;;) {
+      std::packaged_task<void()> task;
+      {
+        std::unique_lock l{mu_};
+        cv_.wait(l, [&] { return given_ || stop_; });
+        if (!given_) return;
+        task = std::move(next_);
+        given_ = false;
+      }
+      task();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::packaged_task<void()> next_;
+  bool given_ = false, stop_ = false;
+  std::thread t_;
+};
+
+// The per-thread default stream's handle (0x2: cudaStreamPerThread, hipStreamPerThread)
+// names each calling thread's own stream, so each thread gets a cache of its own for it.
+// A block thread A freed there reaches this thread's allocation on the handle only by a
+// move ordered by finishing the device's work (this thread's stream cannot wait for A's);
+// A's free named on the handle records its event from A; an event for A's use
+// (record_stream) that this thread's free cannot record is replaced by finishing the
+// device's work; as A exits, its cache closes with a fence that A records, which a later
+// taker waits for. No backend call sees the allocator's key for such a stream.
+TEST_CASE("pool: each thread's per-thread default stream has a cache of its own")
+{
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a = async_core(ev);
+  const depot::native_stream ptds = fake_stream(2);
+  const std::size_t n = 20 * MiB;
+  const auto calls_by = [&](std::thread::id t) {
+    const std::lock_guard g{ev->mu};
+    const auto it = ev->per_thread_calls.find(t);
+    return it == ev->per_thread_calls.end() ? 0 : it->second;
+  };
+  const std::thread::id me = std::this_thread::get_id();
+  step_thread ta;
+  const std::thread::id other = ta.id();
+  // A allocates and frees on its per-thread stream; this thread allocates as much on its own.
+  void* pa = nullptr;
+  ta.run([&] {
+    pa = a.allocate(n, ptds);
+    a.deallocate(pa, ptds, true, 0);
+  });
+  REQUIRE(a.snapshot().segments.size() == 1);
+  const std::uintptr_t a_stream = a.snapshot().segments[0].stream;
+  CHECK(a_stream != 2);  // (a key: the handle names no one stream)
+  void* pb = a.allocate(n, ptds);
+  CHECK(pb == pa);
+  CHECK(a.snapshot().segments.size() == 1);  // moved, not grown
+  CHECK(a.snapshot().segments[0].stream != a_stream);
+  CHECK(a.stats().num_segments_moved == 1);
+  CHECK(a.stats().num_move_syncs == 1);
+  CHECK(a.stats().num_move_events == 0);
+  CHECK(ev->syncs == 1);
+  CHECK(ev->recorded == 0);
+  // A frees this thread's block named on the handle: its own stream, so A records the event.
+  a.deallocate(pb, ptds, true, 0);
+  void* q = a.allocate(n, ptds);  // (a hit: this thread's own stream)
+  CHECK(q == pb);
+  CHECK(ev->syncs == 1);
+  ta.run([&] { a.deallocate(q, ptds, true, 0); });
+  CHECK(ev->recorded == 1);
+  CHECK(ev->last_record_stream == 2);
+  CHECK(calls_by(other) == 1);
+  CHECK(calls_by(me) == 0);
+  void* r = a.allocate(n, ptds);  // q waits for A's event: not handed out
+  CHECK(r != q);
+  {
+    const std::lock_guard g{ev->mu};
+    ev->open.clear();  // A's work done
+  }
+  a.deallocate(r, ptds, true, 0);
+  // A uses this thread's block (record_stream on its own stream); this thread's free cannot
+  // record on A's stream: the device's work is finished instead.
+  void* u = a.allocate(n, ptds);
+  ta.run([&] { a.record_stream(u, ptds); });
+  const int syncs = ev->syncs, recorded = ev->recorded;
+  a.deallocate(u, ptds, true, 0);
+  CHECK(ev->syncs == syncs + 1);
+  CHECK(ev->recorded == recorded);
+  CHECK(calls_by(me) == 0);
+  // A frees a 30 MiB block on its stream and exits: its cache closes with a fence A
+  // records; this thread's 30 MiB allocation takes the segment over and waits for the
+  // fence on its own stream (no device synchronisation, no new segment).
+  ta.run([&] { a.deallocate(a.allocate(30 * MiB, ptds), ptds, true, 0); });
+  const std::size_t segments = a.snapshot().segments.size();
+  ta.finish();
+  CHECK(ev->recorded == recorded + 1);
+  CHECK(ev->last_record_stream == 2);
+  CHECK(calls_by(other) == 2);
+  const int waits = ev->stream_waits;
+  void* big = a.allocate(30 * MiB, ptds);
+  CHECK(a.snapshot().segments.size() == segments);
+  CHECK(ev->stream_waits == waits + 1);
+  CHECK(ev->waiting_stream == 2);
+  CHECK(ev->syncs == syncs + 1);
+  CHECK(calls_by(me) == 1);
+  a.deallocate(big, ptds, true, 0);
+  CHECK(ev->key_calls == 0);
+  check_invariants(a.stats(), a.snapshot());
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+}
+
 TEST_CASE("pool: a segment moved from a raw stream handle is counted as a device synchronisation")
 {
   const std::size_t n = each_block_kind();
