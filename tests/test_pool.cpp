@@ -5603,6 +5603,45 @@ TEST_CASE_TEMPLATE("pool: memory taken over from a busy stream is written after 
   s1.synchronize();
 }
 
+// Two threads on the per-thread default stream's handle, each its own stream: thread A's
+// block, freed there with a long wait and a write still queued, reaches this thread's
+// allocation on the handle by a move that waits for the device's work (this thread's
+// stream cannot wait for A's), so this thread's write lands last. A's exit closes its
+// cache with a fence recorded on its stream (the backend's call made as the thread exits).
+TEST_CASE_TEMPLATE("pool: a block freed on one thread's per-thread default stream is written on another's after that work",
+                   D, DEPOT_TEST_DEVICES)
+{
+  const std::size_t n = 24 * MiB;  // one segment
+  depot::caching_allocator<D> a{0, quiet_config<D>()};
+  const depot::stream_ref<D> ptds{reinterpret_cast<depot::native_stream>(std::uintptr_t{2})};
+  step_thread ta;
+  void* x = nullptr;
+  ta.run([&] {
+    x = a.allocate(n, ptds);
+    depot::ops::busy_wait<D>(std::chrono::milliseconds(depot::is_gpu_v<D> ? 200 : 1), ptds);
+    depot::runtime<D>::set_async(x, 1, n, ptds.native());
+    a.deallocate(x, ptds);  // at once, A's wait and write still queued
+  });
+  const auto syncs = a.stats().num_move_syncs;
+  void* y = a.allocate(n, ptds);
+  CHECK(y == x);  // taken over, not grown
+  CHECK(a.stats().num_segments_moved == 1);
+  CHECK(a.stats().num_move_syncs == syncs + (depot::is_gpu_v<D> ? 1 : 0));
+  CHECK(a.stats().num_move_events == 0);
+  depot::runtime<D>::set_async(y, 2, n, ptds.native());
+  depot::runtime<D>::synchronize_stream(ptds.native());
+  unsigned char last[4] = {};
+  depot::runtime<D>::copy(last, static_cast<unsigned char*>(y) + n - sizeof last, sizeof last);
+  CHECK(last[3] == 2);  // A's write came first
+  a.deallocate(y, ptds);
+  ta.run([&] { a.deallocate(a.allocate(n, ptds), ptds); });  // (a segment of A's again, then A exits)
+  ta.finish();
+  void* z = a.allocate(2 * n, ptds);
+  check_invariants(a);
+  a.deallocate(z, ptds);
+  depot::runtime<D>::synchronize_stream(ptds.native());
+}
+
 TEST_CASE_TEMPLATE("pool: a miss grows before it takes over a live stream's segments, unless steal_threshold", D,
                    DEPOT_TEST_DEVICES)
 {
