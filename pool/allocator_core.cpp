@@ -3480,8 +3480,12 @@ struct allocator_core::impl {
   }
   static native_stream key_of(native_stream s) noexcept
   {
-    return reinterpret_cast<std::uintptr_t>(s) == k_per_thread_handle ? own_per_thread() : s;
+    if (reinterpret_cast<std::uintptr_t>(s) != k_per_thread_handle) [[likely]] return s;
+    tl_named_per_thread = true;
+    return own_per_thread();
   }
+  // This thread named its per-thread default stream to an allocator (its exit closes it).
+  static inline thread_local bool tl_named_per_thread = false;
   static bool per_thread(native_stream s) noexcept
   {
     const auto v = reinterpret_cast<std::uintptr_t>(s);
@@ -3501,18 +3505,14 @@ struct allocator_core::impl {
   }
   native_event record_on(native_stream s) { return up->record_event(native(s)); }
   void wait_on(native_stream s, native_event e) { up->stream_wait(native(s), e); }
-  // As the thread exits: its per-thread default stream's cache here, if any, closed as a
-  // destroyed stream's (a fence at its last work, on the spare list): the key is never
-  // used again, and the memory is taken over or stolen after the fence, not by finishing
-  // the device's work. Before publish_and_leave (closing changes statistics).
+  // As a thread that named its per-thread default stream exits: that stream closed here as
+  // a destroyed one (stream_closing): blocks that list it (record_stream) wait for its work
+  // and forget it, and its cache, if any, gets a fence at its last work and goes on the
+  // spare list. The key is never used again, and the memory moves on after the fence, not
+  // by finishing the device's work. Before publish_and_leave (closing changes statistics).
   void close_per_thread_stream() noexcept
   {
-    const native_stream key = own_per_thread();
-    {
-      std::shared_lock r{registry_mu};
-      if (by_stream.find(key) == by_stream.end()) return;
-    }
-    stream_closing(streams_of, key);
+    if (tl_named_per_thread) stream_closing(streams_of, own_per_thread());
   }
   // Whether all of the work queued on live stream s so far is done (false where the backend
   // cannot tell or fails to: the caller then orders by an event). Never during a capture

@@ -3253,15 +3253,26 @@ TEST_CASE("pool: each thread's per-thread default stream has a cache of its own"
   CHECK(ev->syncs == syncs + 1);
   CHECK(ev->recorded == recorded);
   CHECK(calls_by(me) == 0);
-  // A frees a 30 MiB block on its stream and exits: its cache closes with a fence A
-  // records; this thread's 30 MiB allocation takes the segment over and waits for the
-  // fence on its own stream (no device synchronisation, no new segment).
-  ta.run([&] { a.deallocate(a.allocate(30 * MiB, ptds), ptds, true, 0); });
+  // A frees a 30 MiB block on its stream, uses one of this thread's (record_stream), and
+  // exits: A waits for its stream's work (an event A records and waits for on the host)
+  // and the block forgets A's stream; A's cache closes with a fence A records. This
+  // thread's 30 MiB allocation takes the segment over and waits for the fence on its own
+  // stream (no device synchronisation, no new segment).
+  void* v = a.allocate(n, ptds);
+  ta.run([&] {
+    a.deallocate(a.allocate(30 * MiB, ptds), ptds, true, 0);
+    a.record_stream(v, ptds);
+  });
   const std::size_t segments = a.snapshot().segments.size();
+  const int host_waits = ev->waits;
   ta.finish();
-  CHECK(ev->recorded == recorded + 1);
+  CHECK(ev->recorded == recorded + 2);
+  CHECK(ev->waits == host_waits + 1);
   CHECK(ev->last_record_stream == 2);
-  CHECK(calls_by(other) == 2);
+  CHECK(calls_by(other) == 3);
+  a.deallocate(v, ptds, true, 0);  // (A's stream forgotten: no event, no synchronisation)
+  CHECK(ev->recorded == recorded + 2);
+  CHECK(ev->syncs == syncs + 1);
   const int waits = ev->stream_waits;
   void* big = a.allocate(30 * MiB, ptds);
   CHECK(a.snapshot().segments.size() == segments);
