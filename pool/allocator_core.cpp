@@ -2396,6 +2396,7 @@ struct allocator_core::impl {
         const auto placed = by_stream.try_emplace(s, nullptr).first;
         try {
           c = take_spare(s);
+          if (c == nullptr) c = take_empty_raw(s);
           if (c == nullptr) {
             auto fresh = std::make_unique<stream_cache>(s, small_table, cfg);
             caches.reserve(caches.size() + 1);
@@ -2451,6 +2452,39 @@ struct allocator_core::impl {
   // allocation on s waits for the old stream's last work on s (reopen), as a stream given
   // the closed one's handle does. Holding nothing, it opens at once and its fence goes
   // unwaited (steals and releases waited for it).
+  // A cache that holds nothing (no segment, no block waiting) of a raw handle (never
+  // registered, so its stream's end is never known: it never closes), made stream s's
+  // (caller holds registry_mu uniquely and enters s in by_stream), or nullptr. Steals empty
+  // such caches: each new raw handle's miss takes the free segment the last one left.
+  // Until this every raw handle ever seen kept its cache (~48 KB of host memory each: 976 MB
+  // at 20 000, BENCHMARKS.md); now a code that makes and drops raw streams keeps a few. Its
+  // old handle, used again, finds no cache and makes or takes one: the route changes, as in
+  // take_spare, so no thread's remembered entry leads there. Only caches whose count of
+  // segments reads 0 are locked, with try_lock (a busy one is skipped).
+  stream_cache* take_empty_raw(native_stream s) noexcept
+  {
+    for (const auto& p : caches) {
+      stream_cache* c = p.get();
+      if (c->held.load(std::memory_order_relaxed) != 0 || c->capture_pool != 0 || !c->mu.try_lock()) continue;
+      const native_stream old = c->stream;
+      const bool raw = !c->closed && !built_in(old) && !per_thread(old) && !is_marker(old) &&
+                       !stream_registry::live(streams_of.kind, old);
+      const bool displaced =
+          std::any_of(pools.begin(), pools.end(), [c](const capture_state& q) { return q.displaced == c; });
+      if (!raw || displaced || c->held.load(std::memory_order_relaxed) != 0 || !reusable(*c) || on_spare_list(*c)) {
+        c->mu.unlock();
+        continue;
+      }
+      if (const auto it = by_stream.find(old); it != by_stream.end() && it->second == c) by_stream.erase(it);
+      c->set_stream(s);
+      c->released.store(false, std::memory_order_relaxed);
+      c->mu.unlock();
+      new_route();
+      return c;
+    }
+    return nullptr;
+  }
+
   stream_cache* take_spare(native_stream s) noexcept
   {
     constexpr int k_look = 8;

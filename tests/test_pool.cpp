@@ -5082,7 +5082,8 @@ TEST_CASE_TEMPLATE("pool: streams that come and go keep few caches", D, DEPOT_TE
 // 3 000 streams, each (a raw handle, never destroyed) allocating and freeing 4 KiB once:
 // each new stream's miss takes the whole free segment the stream before it left, so one
 // segment serves them all; a steal skips the caches holding no segment without locking
-// them by their count of segments, which must stay right as segments move.
+// them by their count of segments, which must stay right as segments move; and the caches
+// those steals emptied serve the later handles, so a few caches serve them all.
 TEST_CASE("pool: a new stream takes the free segment of an earlier one among thousands of caches")
 {
   depot::detail::allocator_core a{std::make_unique<depot::device_upstream<depot::host>>(0),
@@ -5101,7 +5102,48 @@ TEST_CASE("pool: a new stream takes the free segment of an earlier one among tho
   CHECK(st.num_segments.all.peak == 1);  // taken over 2 999 times, never grown again
   CHECK(st.reserved_bytes.all.peak == static_cast<std::int64_t>(2 * MiB));
   CHECK(st.num_cache_misses == 3000);
+  // The caches the steals emptied served the later handles (take_empty_raw): the stream
+  // before the last holds none, the last one the segment.
+  CHECK(a.stream_caches() <= 3);
   check_invariants(st, a.snapshot());
+  // An emptied raw handle used again gets a cache (made or taken), and its memory.
+  const auto first = fake_stream(std::uintptr_t{1} << 12);
+  void* p = a.allocate(4 * KiB, first);
+  CHECK(a.snapshot().segments.size() == 1);
+  a.deallocate(p, first, true, 0);
+  CHECK(a.check_directory() == "");
+  check_invariants(a.stats(), a.snapshot());
+}
+
+// Four threads, each cycling through 64 raw handles of its own (never registered), allocate
+// and free on each in turn, so emptied caches are taken over by new handles while their old
+// handles come back (take_empty_raw and the route change, under TSan in tools/test): every
+// block is written and checked, and a handle whose cache was taken finds another.
+TEST_CASE("pool: threads that cycle through raw stream handles share out the emptied caches")
+{
+  depot::detail::allocator_core a{std::make_unique<depot::device_upstream<depot::host>>(0),
+                                  quiet_config<depot::host>(), /*asynchronous=*/false};
+  constexpr std::uintptr_t k_threads = 4, k_handles = 64, k_rounds = 400;
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (std::uintptr_t t = 0; t < k_threads; ++t) {
+    threads.emplace_back([&a, &bad, t] {
+      for (std::uintptr_t i = 0; i < k_rounds; ++i) {
+        const auto s = fake_stream((t * k_handles + i % k_handles + 1) << 12);
+        const std::size_t n = (i % 3 == 0) ? 3 * MiB : 4 * KiB;  // large and dense small segments
+        auto* p = static_cast<unsigned char*>(a.allocate(n, s));
+        std::memset(p, static_cast<int>(t + 1), n);
+        if (p[0] != t + 1 || p[n - 1] != t + 1) bad.fetch_add(1);
+        a.deallocate(p, s, true, 0);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(bad.load() == 0);
+  MESSAGE("stream caches at the end: ", a.stream_caches(), " for ", k_threads * k_handles, " handles");
+  CHECK(a.stream_caches() < k_threads * k_handles);
+  CHECK(a.check_directory() == "");
+  check_invariants(a.stats(), a.snapshot());
 }
 
 // A segment given back to the upstream whose addresses come straight back as another
