@@ -227,6 +227,8 @@ allocator_config allocator_config::parse(std::string_view text)
       c.expandable_segments = parse_bool(key, value);
     } else if (key == "biased_locks") {
       c.biased_locks = parse_bool(key, value);
+    } else if (key == "null_stream_per_thread") {
+      c.null_stream_per_thread = parse_bool(key, value);
     } else {
       throw invalid_argument(
           "depot: DEPOT_ALLOC_CONF: unknown key '" + std::string{key} +
@@ -234,7 +236,7 @@ allocator_config allocator_config::parse(std::string_view text)
           "max_non_split_rounding_mb), roundup_power2_divisions, "
           "garbage_collection_threshold, release_threshold (or release_threshold_mb), steal_threshold (or "
           "steal_threshold_mb), "
-          "per_process_memory_fraction, trace_capacity, stats_batch, small_reuse_bytes, expandable_segments, biased_locks");
+          "per_process_memory_fraction, trace_capacity, stats_batch, small_reuse_bytes, expandable_segments, biased_locks, null_stream_per_thread");
     }
   }
   c.validate();
@@ -335,6 +337,7 @@ std::string allocator_config::to_string() const
     add("small_reuse_bytes:" + std::to_string(small_reuse_bytes));
   if (expandable_segments) add("expandable_segments:true");
   if (!biased_locks) add("biased_locks:false");
+  if (null_stream_per_thread) add("null_stream_per_thread:true");
   return s;
 }
 

@@ -3512,9 +3512,12 @@ struct allocator_core::impl {
   {
     return reinterpret_cast<native_stream>(k_per_thread_tag | thread_token());
   }
-  static native_stream key_of(native_stream s) noexcept
+  // (the null stream too where allocator_config::null_stream_per_thread says so: the
+  // caller was built with per-thread default streams, where 0 means the thread's own)
+  native_stream key_of(native_stream s) const noexcept
   {
-    if (reinterpret_cast<std::uintptr_t>(s) != k_per_thread_handle) [[likely]] return s;
+    const auto v = reinterpret_cast<std::uintptr_t>(s);
+    if (v > k_per_thread_handle || v == 1 || (v == 0 && !cfg.null_stream_per_thread)) [[likely]] return s;
     tl_named_per_thread = true;
     return own_per_thread();
   }
@@ -5050,7 +5053,7 @@ allocator_core::~allocator_core() { impl::delist(impl_.get()); }
 void* allocator_core::allocate(std::size_t bytes, native_stream stream)
 {
   impl& m = *impl_;
-  stream = impl::key_of(stream);
+  stream = m.key_of(stream);
   if (bytes == 0) return nullptr;
   if (bytes > k_max_request) {
     m.ooms.fetch_add(1);
@@ -5095,7 +5098,7 @@ void allocator_core::deallocate(void* ptr, native_stream stream, bool stream_giv
 {
   impl& m = *impl_;
   if (ptr == nullptr) return;
-  stream = impl::key_of(stream);
+  stream = m.key_of(stream);
   // The hinted cache first, inline (lookup() without its pair), so the common free takes
   // one pass and the compiler sees which figures it changed.
   stream_cache* const hint = m.hint_for(stream, stream_given);
@@ -5247,7 +5250,7 @@ void allocator_core::impl::free_general(const block_ref& b, [[maybe_unused]] cac
 void allocator_core::record_stream(void* ptr, native_stream stream)
 {
   impl& m = *impl_;
-  stream = impl::key_of(stream);
+  stream = m.key_of(stream);
   auto [b, lock] = m.lookup(ptr, m.hint_for(stream, false), false);
   stream_cache& c = impl::cache_of(b);
   // Its own stream: nothing to list. A closed cache's handle that is live again counts as
@@ -5266,7 +5269,7 @@ std::string pool_name(std::uint64_t pool) { return "capture pool " + std::to_str
 std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t pool)
 {
   impl& m = *impl_;
-  stream = impl::key_of(stream);
+  stream = m.key_of(stream);
   std::uint64_t id = 0;
   {
     std::unique_lock w{m.registry_mu};
@@ -5333,7 +5336,7 @@ std::uint64_t allocator_core::begin_capture(native_stream stream, std::uint64_t 
 void allocator_core::end_capture(native_stream stream)
 {
   impl& m = *impl_;
-  stream = impl::key_of(stream);
+  stream = m.key_of(stream);
   bool last = false;
   {
     std::unique_lock w{m.registry_mu};

@@ -3195,11 +3195,20 @@ class step_thread {
 // (record_stream) that this thread's free cannot record is replaced by finishing the
 // device's work; as A exits, its cache closes with a fence that A records, which a later
 // taker waits for. No backend call sees the allocator's key for such a stream.
+// The same with the null stream where null_stream_per_thread says it is the thread's own
+// (code built with per-thread default streams).
 TEST_CASE("pool: each thread's per-thread default stream has a cache of its own")
 {
   auto ev = std::make_shared<manual_event_upstream::state>();
-  depot::detail::allocator_core a = async_core(ev);
-  const depot::native_stream ptds = fake_stream(2);
+  depot::allocator_config cfg = quiet_config<depot::host>();
+  depot::native_stream ptds = fake_stream(2);
+  SUBCASE("its handle, cudaStreamPerThread") {}
+  SUBCASE("the null stream, null_stream_per_thread:true") {
+    cfg.null_stream_per_thread = true;
+    ptds = fake_stream(0);
+  }
+  CAPTURE(ptds);
+  depot::detail::allocator_core a = async_core(ev, cfg);
   const std::size_t n = 20 * MiB;
   const auto calls_by = [&](std::thread::id t) {
     const std::lock_guard g{ev->mu};
@@ -7000,6 +7009,9 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
   CHECK_FALSE(allocator_config::parse("expandable_segments:true,expandable_segments:0").expandable_segments);
   CHECK(allocator_config::parse(allocator_config::parse("expandable_segments:1").to_string()).expandable_segments);
   CHECK(c.biased_locks);  // the default
+  CHECK_FALSE(c.null_stream_per_thread);  // the default
+  CHECK(allocator_config::parse("null_stream_per_thread:true").null_stream_per_thread);
+  CHECK(allocator_config::parse("null_stream_per_thread:true").to_string() == "null_stream_per_thread:true");
   CHECK_FALSE(allocator_config::parse("biased_locks:false").biased_locks);
   CHECK_FALSE(allocator_config::parse("biased_locks:0").biased_locks);
   CHECK(allocator_config::parse("biased_locks:False,biased_locks:True").biased_locks);
@@ -7066,6 +7078,7 @@ TEST_CASE("pool: DEPOT_ALLOC_CONF is parsed strictly")
       {"expandable_segments:yes", "true or false"},
       {"expandable_segments:", "expandable_segments"},
       {"biased_locks:maybe", "true or false"},
+      {"null_stream_per_thread:2", "true or false"},
       {"biased_locks:", "biased_locks"},
       {"expandable_segment:true", "unknown key 'expandable_segment'"},
       {"max_split_size_mb", "not key:value"},

@@ -100,6 +100,11 @@ struct allocator_config {
   // for all the caches they revoke). Linux only (never biased elsewhere or where
   // membarrier is refused). Key biased_locks (true / false).
   bool biased_locks = true;
+  // The null stream (0) names the calling thread's per-thread default stream, as in code
+  // built with `nvcc --default-stream per-thread` (depot cannot see how its caller was
+  // built): a cache per thread, as for cudaStreamPerThread / hipStreamPerThread, whose
+  // handle (0x2) backend calls then get. Key null_stream_per_thread (true / false).
+  bool null_stream_per_thread = false;
 
   // Parses "key:value,..." on top of the defaults (a key given twice: the last wins; both
   // forms of roundup_power2_divisions are one key). Throws depot::invalid_argument.
