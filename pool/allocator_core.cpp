@@ -2443,48 +2443,11 @@ struct allocator_core::impl {
   // and enters s in by_stream), or nullptr. Up to k_look of the oldest spares are looked at:
   // one reopened since (its stream's handle used again) leaves the list until it closes
   // again; one with a block allocated or waiting, or that a capture displaced, or whose lock
-  // is busy goes to the end. Taken: its old stream's entry goes, and the threads'
-  // remembered entries with it (new_route), so an operation on the old handle finds the
-  // registry's answer. An allocation that read a thread's entry before the route changed
-  // finds the cache's stream changed under its lock (allocate). Free segments come along
-  // (a stream per phase of a code finds the last phase's memory where it left it, in place
-  // of a miss and a steal per kind): the cache stays closed with its fence, so the first
-  // allocation on s waits for the old stream's last work on s (reopen), as a stream given
-  // the closed one's handle does. Holding nothing, it opens at once and its fence goes
-  // unwaited (steals and releases waited for it).
-  // A cache that holds nothing (no segment, no block waiting) of a raw handle (never
-  // registered, so its stream's end is never known: it never closes), made stream s's
-  // (caller holds registry_mu uniquely and enters s in by_stream), or nullptr. Steals empty
-  // such caches: each new raw handle's miss takes the free segment the last one left.
-  // Until this every raw handle ever seen kept its cache (~48 KB of host memory each: 976 MB
-  // at 20 000, BENCHMARKS.md); now a code that makes and drops raw streams keeps a few. Its
-  // old handle, used again, finds no cache and makes or takes one: the route changes, as in
-  // take_spare, so no thread's remembered entry leads there. Only caches whose count of
-  // segments reads 0 are locked, with try_lock (a busy one is skipped).
-  stream_cache* take_empty_raw(native_stream s) noexcept
-  {
-    for (const auto& p : caches) {
-      stream_cache* c = p.get();
-      if (c->held.load(std::memory_order_relaxed) != 0 || c->capture_pool != 0 || !c->mu.try_lock()) continue;
-      const native_stream old = c->stream;
-      const bool raw = !c->closed && !built_in(old) && !per_thread(old) && !is_marker(old) &&
-                       !stream_registry::live(streams_of.kind, old);
-      const bool displaced =
-          std::any_of(pools.begin(), pools.end(), [c](const capture_state& q) { return q.displaced == c; });
-      if (!raw || displaced || c->held.load(std::memory_order_relaxed) != 0 || !reusable(*c) || on_spare_list(*c)) {
-        c->mu.unlock();
-        continue;
-      }
-      if (const auto it = by_stream.find(old); it != by_stream.end() && it->second == c) by_stream.erase(it);
-      c->set_stream(s);
-      c->released.store(false, std::memory_order_relaxed);
-      c->mu.unlock();
-      new_route();
-      return c;
-    }
-    return nullptr;
-  }
-
+  // is busy goes to the end. Taken (adopt): free segments come along (a stream per phase
+  // of a code finds the last phase's memory where it left it, in place of a miss and a
+  // steal per kind): the cache stays closed with its fence, so the first allocation on s
+  // waits for the old stream's last work on s (reopen), as a stream given the closed one's
+  // handle does.
   stream_cache* take_spare(native_stream s) noexcept
   {
     constexpr int k_look = 8;
@@ -2501,26 +2464,66 @@ struct allocator_core::impl {
         c->mu.unlock();
         continue;
       }
-      const bool displaced =
-          std::any_of(pools.begin(), pools.end(), [c](const capture_state& p) { return p.displaced == c; });
-      if (displaced || !reusable(*c)) {
+      if (displaced(*c) || !reusable(*c)) {
         c->mu.unlock();
         list_spare(*c);
         continue;
       }
-      if (const auto it = by_stream.find(c->stream); it != by_stream.end() && it->second == c) by_stream.erase(it);
-      c->set_stream(s);
-      if (c->held.load(std::memory_order_relaxed) == 0) {
-        if (c->fence != nullptr) up->destroy_event(std::exchange(c->fence, nullptr));
-        c->closed = false;
-      }
-      c->released.store(false, std::memory_order_relaxed);  // (no block of it is allocated)
-      c->mu.unlock();
-      new_route();
+      adopt(*c, s);
       return c;
     }
     return nullptr;
   }
+
+  // A cache that holds nothing (no segment, no block waiting) of a raw handle (never
+  // registered, so its stream's end is never known: it never closes), made stream s's
+  // (caller holds registry_mu uniquely and enters s in by_stream), or nullptr. Steals empty
+  // such caches: each new raw handle's miss takes the free segment the last one left.
+  // Until this every raw handle ever seen kept its cache (~48 KB of host memory each: 976 MB
+  // at 20 000, BENCHMARKS.md); now a code that makes and drops raw streams keeps a few. Its
+  // old handle, used again, finds no cache and makes or takes one (adopt). Only caches
+  // whose count of segments reads 0 are locked, with try_lock (a busy one is skipped).
+  stream_cache* take_empty_raw(native_stream s) noexcept
+  {
+    for (const auto& p : caches) {
+      stream_cache* c = p.get();
+      if (c->held.load(std::memory_order_relaxed) != 0 || c->capture_pool != 0 || !c->mu.try_lock()) continue;
+      const native_stream old = c->stream;
+      const bool raw = !c->closed && !per_thread(old) && !is_marker(old) && !stream_lives(old);
+      if (!raw || displaced(*c) || c->held.load(std::memory_order_relaxed) != 0 || !reusable(*c) || on_spare_list(*c)) {
+        c->mu.unlock();
+        continue;
+      }
+      adopt(*c, s);
+      return c;
+    }
+    return nullptr;
+  }
+  // Whether a capture displaced cache c (caller holds registry_mu).
+  bool displaced(const stream_cache& c) const noexcept
+  {
+    return std::any_of(pools.begin(), pools.end(), [&c](const capture_state& p) { return p.displaced == &c; });
+  }
+  // Locked cache c, which holds no block in use, made stream s's (take_spare,
+  // take_empty_raw; caller holds registry_mu uniquely and enters s in by_stream) and
+  // unlocked: its old stream's entry goes, and the threads' remembered entries with it
+  // (new_route), so an operation on the old handle finds the registry's answer. An
+  // allocation that read a thread's entry before the route changed finds the cache's stream
+  // changed under its lock (allocate). Holding nothing, it opens at once and any fence goes
+  // unwaited (steals and releases waited for it).
+  void adopt(stream_cache& c, native_stream s) noexcept
+  {
+    if (const auto it = by_stream.find(c.stream); it != by_stream.end() && it->second == &c) by_stream.erase(it);
+    c.set_stream(s);
+    if (c.held.load(std::memory_order_relaxed) == 0) {
+      if (c.fence != nullptr) up->destroy_event(std::exchange(c.fence, nullptr));
+      c.closed = false;
+    }
+    c.released.store(false, std::memory_order_relaxed);  // (no block of it is allocated)
+    c.mu.unlock();
+    new_route();
+  }
+
 
   void record(const trace_event& e)
   {
