@@ -4159,9 +4159,13 @@ struct allocator_core::impl {
     pools.erase(it);
     cache_lock g = lock_cache(c);
     c.capture_pool = 0;
-    c.closed = true;  // (its fence: none, the device's work is done)
-    // (a destroyed stream's work is done; a raw handle's ordering stays the caller's)
-    c.released = stream_lives(c.stream);
+    c.closed = true;  // (no fence unless its stream closed meanwhile: the device's work is done)
+    // (a destroyed stream's work is done; a raw handle's ordering stays the caller's) A
+    // thread's per-thread stream lives until the thread closes it as it exits, with a fence
+    // (fence_released): without one it is live, though stream_lives() says so only on its
+    // own thread, and this may be another (a block of it freed later, unnamed, would have
+    // been ordered on nothing). Its key is never reused, so no stale fence is left here.
+    c.released = stream_lives(c.stream) || (per_thread(c.stream) && c.fence == nullptr);
     if (!on_spare_list(c)) list_spare(c);
   }
 

@@ -3296,6 +3296,77 @@ TEST_CASE("pool: each thread's per-thread default stream has a cache of its own"
   CHECK(a.stats().reserved_bytes.all.current == 0);
 }
 
+// A capture on thread A's per-thread default stream whose pool this thread releases while
+// A lives: a block of it still allocated then, freed later by A unnamed, is ordered on A's
+// stream (an event A records), as a registered stream's is; where this thread frees it, it
+// cannot record on A's stream, so the device's work is finished. Where A exited first, its
+// stream's close left the pool's cache a fence, and a free from here needs neither. (Until
+// finish_release asked for the fence, A's unnamed free was ordered on nothing: the block
+// went to another stream while A's work might still use it.)
+TEST_CASE("pool: a capture pool on a thread's per-thread stream, released by another thread, orders later frees")
+{
+  const std::size_t n = each_block_kind();
+  int freer = 0;
+  SUBCASE("freed unnamed by the capturing thread") {}
+  SUBCASE("freed unnamed by the releasing thread") { freer = 1; }
+  SUBCASE("freed by the releasing thread after the capturing one exited") { freer = 2; }
+  CAPTURE(n);
+  CAPTURE(freer);
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a = async_core(ev);
+  const auto ptds = fake_stream(2);
+  const auto s2 = fake_stream(0x2000);
+  step_thread ta;
+  std::uint64_t pool = 0;
+  void* x = nullptr;
+  ta.run([&] {
+    pool = a.begin_capture(ptds, 0);
+    {
+      const std::lock_guard g{ev->mu};
+      ev->capture = true;
+    }
+    x = a.allocate(n, ptds);
+    {
+      const std::lock_guard g{ev->mu};
+      ev->capture = false;
+    }
+    a.end_capture(ptds);
+  });
+  if (freer == 2) ta.finish();  // A's stream closed: a fence A records
+  const int recorded = ev->recorded, syncs = ev->syncs;
+  a.release_capture_pool(pool);  // from this thread
+  CHECK(ev->syncs == syncs + 1);  // (the device's work done: a replay may have used the pool)
+  if (freer == 0) {
+    ta.run([&] { a.deallocate(x, nullptr, false, 0); });
+    CHECK(ev->recorded == recorded + 1);  // on A's stream, by A
+    CHECK(ev->last_record_stream == 2);
+    CHECK(ev->syncs == syncs + 1);
+    CHECK(pending_in(a) == 1);
+    void* y = a.allocate(n, s2);  // not x's bytes while A's work may use them
+    CHECK(y != x);
+    a.deallocate(y, s2, true, 0);
+  } else if (freer == 1) {
+    a.deallocate(x, nullptr, false, 0);
+    CHECK(ev->recorded == recorded);  // (A's stream is not this thread's to record on)
+    CHECK(ev->syncs == syncs + 2);    // the device's work finished instead
+    CHECK(pending_in(a) == 0);
+  } else {
+    a.deallocate(x, nullptr, false, 0);
+    CHECK(ev->syncs == syncs + 1);  // ordered by the fence, nothing more
+    CHECK(pending_in(a) == 0);
+  }
+  CHECK(ev->key_calls == 0);
+  CHECK(ev->forbidden == 0);
+  {
+    const std::lock_guard g{ev->mu};
+    ev->open.clear();
+  }
+  a.empty_cache();
+  check_invariants(a.stats(), a.snapshot());
+  CHECK(a.stats().allocated_bytes.all.current == 0);
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+}
+
 TEST_CASE("pool: a segment moved from a raw stream handle is counted as a device synchronisation")
 {
   const std::size_t n = each_block_kind();
