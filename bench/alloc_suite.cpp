@@ -46,6 +46,7 @@
 #if defined(__linux__)
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 #endif
 
 namespace depot::bench {
@@ -1013,6 +1014,48 @@ void alloc_destroy(nlohmann::json& out)
   }
 }
 
+// The resident set size of this process in bytes (Linux: /proc/self/statm), or 0 where unknown.
+std::size_t resident_bytes()
+{
+  std::ifstream statm{"/proc/self/statm"};
+  std::size_t pages_total = 0, pages_resident = 0;
+  if (!(statm >> pages_total >> pages_resident)) return 0;
+  const long page = sysconf(_SC_PAGESIZE);
+  return page > 0 ? pages_resident * static_cast<std::size_t>(page) : 0;
+}
+
+// Raw stream handles (never registered: depot cannot see them destroyed) used once each, as
+// a code that makes a stream per task with the runtime directly: 20 000 handles, each
+// allocating and freeing 4 KiB once, on a simulated asynchronous device. A raw handle's
+// cache never closes; an emptied one is taken over by a new handle (take_empty_raw), so the
+// time a new handle takes and the host memory stay flat. Per quarter: µs a new handle
+// (mean over the quarter), the caches kept and the resident set's growth since the start.
+void alloc_raw_handles(nlohmann::json& out)
+{
+  constexpr int handles = 20000;
+  constexpr int quarter = handles / 4;
+  const device_id dev{device_kind::cuda, 0};  // (simulated: no GPU is used)
+  detail::allocator_core a{std::make_unique<simulated_upstream>(std::size_t{1} << 40, dev), allocator_config{}, true};
+  out = nlohmann::json::array();
+  std::printf("raw stream handles used once each (4 KiB allocated and freed), %d of them:", handles);
+  const std::size_t rss0 = resident_bytes();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int k = 1; k <= handles; ++k) {
+    const auto s = reinterpret_cast<native_stream>(std::uintptr_t{0x100000} + (static_cast<std::uintptr_t>(k) << 12U));
+    a.deallocate(a.allocate(4096, s), s, true, 0);
+    if (k % quarter != 0) continue;
+    const auto t1 = std::chrono::steady_clock::now();
+    const double us = std::chrono::duration<double, std::micro>(t1 - t0).count() / quarter;
+    const std::size_t rss = resident_bytes();
+    const double grown_mb = rss0 == 0 || rss == 0 ? 0.0 : (static_cast<double>(rss) - static_cast<double>(rss0)) / 1e6;
+    std::printf(" %d: %.2f us a handle, %zu caches, %+.1f MB%s", k, us, a.stream_caches(), grown_mb,
+                k == handles ? "\n" : ";");
+    out.push_back({{"handles", k}, {"us_per_new_handle", us}, {"stream_caches", a.stream_caches()},
+                   {"resident_growth_mb", grown_mb}});
+    t0 = std::chrono::steady_clock::now();
+  }
+}
+
 // Frees from another thread (a consumer freeing what a producer made, with no stream named
 // or naming it): 16 streams whose caches a producer thread used (their locks biased to it),
 // then blocks it made on the last stream freed by a consumer thread, unnamed (the block is
@@ -1210,17 +1253,19 @@ nlohmann::json run_alloc(const options& opts)
   nlohmann::json destroy;
   nlohmann::json fixed;
   nlohmann::json cross;
+  nlohmann::json raw_handles;
   if (!opts.alloc_rows_only) {
     alloc_lock(lock);
     alloc_reader(reader);
     alloc_destroy(destroy);
     alloc_cross_thread(cross);
+    alloc_raw_handles(raw_handles);
     alloc_fixed(fixed);
   }
   return nlohmann::json{{"suite", "alloc"},           {"seed", opts.seed},   {"rows", rows},
                         {"growing", growing},         {"map_pages", maps},   {"hole_misses", hole_misses},
                         {"cache_lock", lock},         {"stats_reader", reader}, {"stream_destruction", destroy},
-                        {"cross_thread_frees", cross}, {"fixed_pool", fixed}};
+                        {"cross_thread_frees", cross}, {"raw_handles", raw_handles}, {"fixed_pool", fixed}};
 }
 
 }  // namespace depot::bench
