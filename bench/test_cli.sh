@@ -29,6 +29,8 @@ assert e['peak_reserved'] == e['peak_allocated'] and o['peak_reserved'] > 2 * o[
 assert e['segments_peak'] == 1, gr; \
 assert 4 << 20 <= e['kept_reserved_after_empty_cache'] <= 6 << 20 < o['kept_reserved_after_empty_cache'], gr; \
 m=[x for x in a['map_pages'] if x['device']=='host:0']; assert len(m)==1 and m[0]['pages']==32, a['map_pages']; \
+rh=a['raw_handles']; assert [x['handles'] for x in rh]==[5000, 10000, 15000, 20000], rh; \
+assert all(x['us_per_new_handle']>0 and 1 <= x['stream_caches'] <= 4 for x in rh), rh; \
 assert m[0]['page_bytes']==2 << 20 and m[0]['per_page_ms'] > 0 and m[0]['one_call_ms'] > 0, m; \
 v=r['suites'][2]; assert v['suite']=='live' and v['pairs']==20000, v; \
 h=[x for x in v['rows'] if x['device']=='host:0']; assert len(h)==4, h; \
@@ -60,8 +62,9 @@ check test $? -eq 0
 check python3 -c "import json; r=json.load(open('$tmp/o.json')); a=r['suites'][0]; rows=a['rows']; \
 assert {x['allocator'] for x in rows}=={'depot','depot-expandable','malloc'}, rows; \
 assert all(x['us_per_pair']>0 for x in rows), rows; assert r['options']['alloc_rows_only'] is True; \
-assert not a['growing'] and not a['map_pages'] and a['cache_lock'] is None and a['fixed_pool'] is None, a"
-check sh -c "! grep -q 'growing requests\|fixed pool' '$tmp/out'"
+assert not a['growing'] and not a['map_pages'] and a['cache_lock'] is None and a['fixed_pool'] is None, a; \
+assert a['raw_handles'] is None, a"
+check sh -c "! grep -q 'growing requests\|fixed pool\|raw stream handles' '$tmp/out'"
 
 # Instances side by side: depot, depot/2, depot/3 in the same rounds, each with its own runs;
 # tools/layout-table reads them.
