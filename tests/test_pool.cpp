@@ -3296,6 +3296,41 @@ TEST_CASE("pool: each thread's per-thread default stream has a cache of its own"
   CHECK(a.stats().reserved_bytes.all.current == 0);
 }
 
+// A thread that never allocates or frees but uses a block on its per-thread default stream
+// (record_stream on the handle) closes that stream as it exits all the same: the block
+// waits there for the stream's work (an event the thread records and the host waits for)
+// and forgets it, so this thread's later free needs no event and no synchronisation (the
+// exit hook is armed by record_stream's lookup, as by an allocation or a free; were it not,
+// the key would stay listed and the free, unable to record on another thread's stream,
+// would finish the device's work).
+TEST_CASE("pool: a thread that only lists its per-thread stream on a block closes it as it exits")
+{
+  const std::size_t n = each_block_kind();
+  CAPTURE(n);
+  auto ev = std::make_shared<manual_event_upstream::state>();
+  depot::detail::allocator_core a = async_core(ev);
+  const auto s1 = fake_stream(0x1000);
+  const auto ptds = fake_stream(2);
+  void* x = a.allocate(n, s1);
+  const int recorded = ev->recorded, waits = ev->waits, syncs = ev->syncs;
+  std::thread t{[&] { a.record_stream(x, ptds); }};
+  t.join();
+  CHECK(ev->recorded == recorded + 1);  // as the thread exited, on its own stream
+  CHECK(ev->last_record_stream == 2);
+  CHECK(ev->waits == waits + 1);
+  a.deallocate(x, s1, true, 0);
+  CHECK(ev->syncs == syncs);
+  CHECK(ev->recorded == recorded + 1);
+  CHECK(pending_in(a) == 0);
+  void* y = a.allocate(n, s1);  // (free at once: x's block again)
+  CHECK(y == x);
+  a.deallocate(y, s1, true, 0);
+  CHECK(ev->key_calls == 0);
+  check_invariants(a.stats(), a.snapshot());
+  a.empty_cache();
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+}
+
 // A capture on thread A's per-thread default stream whose pool this thread releases while
 // A lives: a block of it still allocated then, freed later by A unnamed, is ordered on A's
 // stream (an event A records), as a registered stream's is; where this thread frees it, it
