@@ -29,6 +29,7 @@ void select_kernel(const array_ref& dst, const array_ref& src, const array_ref& 
   const auto* v = static_cast<const U*>(src.data);
   const auto* m = static_cast<const std::uint8_t*>(mask.data);
   const I n = static_cast<I>(src.numel());
+  require_kokkos_host_thread<D>("depot::masked_select");
   Kokkos::parallel_scan("depot::masked_select", make_range<D, I>(stream, n),
                         KOKKOS_LAMBDA(I i, I & before, const bool final) {
                           I off[2] = {i, i};
@@ -85,6 +86,7 @@ void select_dense_gpu(U* dst, std::int64_t dst_len, const U* src, const std::uin
     std::int64_t* counts = buf.template as<std::int64_t>();
     using policy = Kokkos::TeamPolicy<exec_space<D>>;
     using member = typename policy::member_type;
+    require_kokkos_host_thread<D>("depot::masked_select");
     const auto inst = D::kokkos::instance(stream);
     Kokkos::parallel_for("depot::masked_select_count", policy(inst, static_cast<int>(chunks), select_team),
                          KOKKOS_LAMBDA(const member& t) {
@@ -166,6 +168,7 @@ std::int64_t kernels::count_true(const array_ref& mask, stream_ref<D> stream)
   if (mask.is_contiguous()) {
     // Runs of 16 mask bytes, each one 16-byte load where aligned.
     const std::int64_t runs = (n + ops::detail::select_per_thread - 1) / ops::detail::select_per_thread;
+    ops::detail::require_kokkos_host_thread<D>("depot::count_true");
     Kokkos::parallel_reduce(
         "depot::count_true", ops::detail::make_range<D, std::int64_t>(stream, runs),
         KOKKOS_LAMBDA(std::int64_t r, std::int64_t & c) {
@@ -177,6 +180,7 @@ std::int64_t kernels::count_true(const array_ref& mask, stream_ref<D> stream)
   }
   const array_ref* arrays[1] = {&mask};
   const auto s = ops::detail::coalesce<1>(arrays);
+  ops::detail::require_kokkos_host_thread<D>("depot::count_true");
   Kokkos::parallel_reduce(
       "depot::count_true", ops::detail::make_range<D, std::int64_t>(stream, n),
       KOKKOS_LAMBDA(std::int64_t i, std::int64_t & c) {

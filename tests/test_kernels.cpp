@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <depot/hal/error.hpp>
 #include <depot/hal/index_error.hpp>
 #include <depot/hal/invalid_argument.hpp>
 #include <depot/hal/runtime.hpp>
@@ -15,6 +16,7 @@
 #include <depot/ops/gather.hpp>
 #include <depot/ops/masked_fill.hpp>
 #include <depot/ops/masked_select.hpp>
+#include <depot/ops/kokkos_runtime.hpp>
 #include <depot/ops/scatter.hpp>
 #include <depot/storage/dtype.hpp>
 #include <depot/storage/strided_view.hpp>
@@ -24,6 +26,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -671,4 +674,57 @@ TEST_CASE_TEMPLATE("ops: float scatter-add of rows (the vector-atomic path) sums
   depot::runtime<D>::copy(dst.data(), dst_h.data(), dst_h.size() * 4);
   depot::ops::scatter(dst, 0, idx, src, depot::scatter_mode::add_deterministic);
   CHECK(dst.to_host_vector() == expect);
+}
+
+// The ops that reduce or scan (the index check before a gather, masked_select, count)
+// called from a thread other than the one that initialised Kokkos: they run, or, on the
+// host with Kokkos 3.x's OpenMP backend (host state per thread), each is refused with a
+// depot::error naming the cause and the remedy, where Kokkos threw a bare runtime_error
+// ("parallel_reduce ERROR: in parallel or not initialized"); the same calls from this
+// thread run.
+TEST_CASE_TEMPLATE("ops: reductions and scans from another thread run, or are refused with the cause", D,
+                   DEPOT_TEST_DEVICES)
+{
+  depot::ops::ensure_kokkos();  // on this thread
+  auto b = depot::strided_view<double, D>::empty({4, 3});
+  depot::ops::fill(b, 7.0);
+  auto idx = depot::strided_view<std::int64_t, D>::empty({2});
+  depot::ops::fill(idx, std::int64_t{1});
+  auto m = depot::strided_view<bool, D>::empty({12});
+  depot::ops::fill(m, true);
+  const auto run_all = [&] {
+    CHECK(depot::ops::index_select(b, 0, idx).numel() == 6);
+    CHECK(depot::ops::masked_select(b.view({-1}), m).numel() == 12);
+  };
+  int refused = 0, failed = 0, ran = 0;
+  std::string message;
+  std::thread t{[&] {
+    const auto attempt = [&](auto f) {
+      try {
+        f();
+        ++ran;
+      } catch (const depot::error& e) {
+        ++refused;
+        message = e.what();
+      } catch (...) {
+        ++failed;
+      }
+    };
+    attempt([&] { (void)depot::ops::index_select(b, 0, idx); });
+    attempt([&] { (void)depot::ops::masked_select(b.view({-1}), m); });
+  }};
+  t.join();
+  const std::string kokkos = depot::ops::kokkos_description();
+  MESSAGE(kokkos << ": " << ran << " ran, " << refused << " refused on another thread");
+  CHECK(failed == 0);
+  CHECK(ran + refused == 2);
+  if (refused > 0) {
+    CAPTURE(message);
+    CHECK(ran == 0);
+    CHECK_FALSE(depot::is_gpu_v<D>);  // (a GPU's reductions need no host thread state)
+    CHECK(kokkos.rfind("Kokkos 3.", 0) == 0);
+    CHECK(message.find("only on the thread that initialised Kokkos") != std::string::npos);
+    CHECK(message.rfind("depot::", 0) == 0);  // the op's label first (masked_select counts first)
+  }
+  run_all();  // this thread: they run
 }

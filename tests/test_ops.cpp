@@ -4,15 +4,19 @@
 
 #include <doctest/doctest.h>
 
+#include <depot/hal/error.hpp>
 #include <depot/hal/invalid_argument.hpp>
 #include <depot/hal/runtime.hpp>
 #include <depot/hal/stream.hpp>
 #include <depot/ops/fill.hpp>
 #include <depot/ops/kokkos_runtime.hpp>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -68,6 +72,63 @@ TEST_CASE_TEMPLATE("ops: fill of nothing, and of a null pointer", D, DEPOT_TEST_
   } catch (const depot::invalid_argument& e) {
     CHECK(std::string{e.what()}.find("n = 5") != std::string::npos);
   }
+}
+
+// A stream's first kernel launched from a thread other than the one that initialised
+// Kokkos: it runs (Kokkos 4 and newer, and any host backend), or, where Kokkos 3.x with the
+// OpenMP host backend refuses to make the stream's execution-space instance there (its
+// host state is per thread; found by the GPU run of a pool test), depot::error names the
+// stream, the cause and the remedy; the kernel launched from this thread then runs, and
+// the instance made here serves the other thread too.
+TEST_CASE_TEMPLATE("ops: a stream's first kernel from another thread runs, or is refused with the cause", D,
+                   DEPOT_TEST_DEVICES)
+{
+  depot::ops::ensure_kokkos();  // on this thread, as an application's start would
+  using rt = depot::runtime<D>;
+  constexpr std::size_t n = 4096;
+  auto* data = static_cast<std::int32_t*>(rt::allocate(n * sizeof(std::int32_t), 0));
+  const auto all_equal = [&](std::int32_t v) {
+    std::vector<std::int32_t> back(n);
+    rt::copy(back.data(), data, n * sizeof(std::int32_t));
+    return std::count(back.begin(), back.end(), v) == static_cast<std::ptrdiff_t>(n);
+  };
+  depot::stream<D> s;  // new: no kernel ran on it yet
+  bool refused = false, failed = false;
+  std::string message;
+  const auto fill_from_a_thread = [&](std::int32_t v) {
+    std::thread t{[&] {
+      try {
+        depot::ops::fill<D, std::int32_t>(data, n, v, s);
+        s.synchronize();
+      } catch (const depot::error& e) {
+        refused = true;
+        message = e.what();
+      } catch (...) {
+        failed = true;
+      }
+    }};
+    t.join();
+  };
+  fill_from_a_thread(7);
+  const std::string kokkos = depot::ops::kokkos_description();
+  const std::string outcome = refused ? ": a new stream's instance refused on another thread" : ": ran on another thread";
+  MESSAGE(kokkos << outcome);
+  CHECK_FALSE(failed);
+  if (refused) {
+    CHECK(depot::is_gpu_v<D>);  // (the host's default instance serves every stream)
+    CHECK(kokkos.rfind("Kokkos 3.", 0) == 0);
+    CHECK(message.find("only on the thread that initialised Kokkos") != std::string::npos);
+    CHECK(message.find(std::to_string(reinterpret_cast<std::uintptr_t>(s.native()))) != std::string::npos);
+    depot::ops::fill<D, std::int32_t>(data, n, 5, s);  // from this thread: the instance made here
+    s.synchronize();
+    CHECK(all_equal(5));
+    refused = false;
+    fill_from_a_thread(7);  // and it serves the other thread
+    CHECK_FALSE(refused);
+    CHECK_FALSE(failed);
+  }
+  CHECK(all_equal(7));
+  rt::deallocate(data, 0);
 }
 
 TEST_CASE("ops: Kokkos describes its spaces")

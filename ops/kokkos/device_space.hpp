@@ -9,9 +9,14 @@
 
 #include <depot/config.hpp>
 #include <depot/hal/device.hpp>
+#include <depot/hal/error.hpp>
 #include <depot/hal/stream_ref.hpp>
 
+#include <cstdint>
+#include <exception>
 #include <mutex>
+#include <new>
+#include <string>
 #include <utility>
 
 #if DEPOT_HAS_CUDA && !defined(KOKKOS_ENABLE_CUDA)
@@ -32,10 +37,25 @@ using kokkos_hip_space = Kokkos::Experimental::HIPSpace;
 #endif
 #endif
 
+// What a refused instance may mean. Kokkos 3.x with the OpenMP host backend keeps its
+// host space's state per thread, so it makes a GPU instance only on the thread that
+// initialised Kokkos (Kokkos 4 on any thread); an instance, once made, serves every thread.
+inline std::string instance_hint()
+{
+#if KOKKOS_VERSION < 40000 && defined(KOKKOS_ENABLE_OPENMP)
+  return "; Kokkos 3.x with the OpenMP host backend makes a stream's instance only on the thread that "
+         "initialised Kokkos: run a first kernel on this stream from that thread (its instance then "
+         "serves every thread), or use Kokkos 4 or newer";
+#else
+  return "";
+#endif
+}
+
 // The execution-space instance for a backend stream, created on first use and kept: in
 // Kokkos 3.x constructing an instance from a stream allocates device scratch memory, far
 // too slow per launch. The instances are released by a Kokkos finalize hook, before
-// Kokkos finalises (whether depot or the application finalises it). Thread-safe.
+// Kokkos finalises (whether depot or the application finalises it). Thread-safe. A
+// refusal by Kokkos is a depot::error naming the stream (and instance_hint's cause).
 template <class Exec, class Native>
 Exec instance_for(Native stream)
 {
@@ -61,7 +81,18 @@ Exec instance_for(Native stream)
   for (entry* e = head; e != nullptr; e = e->next) {
     if (e->stream == stream) return e->exec;
   }
-  head = new entry{stream, Exec{stream}, head};
+  entry* made = nullptr;
+  try {
+    made = new entry{stream, Exec{stream}, head};
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {  // Kokkos refused (its runtime_error): said plainly
+    throw depot::error(std::string{"depot::ops: Kokkos made no execution-space instance for stream "} +
+                           std::to_string(reinterpret_cast<std::uintptr_t>(stream)) + " (" + e.what() + ")" +
+                           instance_hint(),
+                       "Kokkos execution-space instance for a stream", __FILE__, __LINE__, 0, "kokkos_instance");
+  }
+  head = made;
   return head->exec;
 }
 }  // namespace depot::ops::detail
