@@ -144,8 +144,9 @@ range<D, I> make_range(stream_ref<D> stream, I n)
 }
 
 // Kokkos 3.x with the OpenMP host backend keeps its host state per thread: it runs a host
-// reduction, scan or team kernel only on the thread that initialised Kokkos (outside any
-// parallel region), and throws its own bare runtime_error elsewhere. Called before such a
+// reduction, scan or team kernel only on the thread that initialised Kokkos (its host
+// state on no other: OpenMP::impl_is_initialized() is per thread there, the very test
+// Kokkos makes), and throws its own bare runtime_error elsewhere. Called before such a
 // kernel (`what`: the op), this says so as a depot::error with the remedy instead. Nothing
 // for a GPU device, another host backend, or Kokkos 4 and newer.
 template <class D>
@@ -153,12 +154,11 @@ void require_kokkos_host_thread([[maybe_unused]] const char* what)
 {
 #if KOKKOS_VERSION < 40000 && defined(KOKKOS_ENABLE_OPENMP)
   if constexpr (std::is_same_v<exec_space<D>, Kokkos::OpenMP>) {
-    if (Kokkos::OpenMP::in_parallel()) {
+    if (!Kokkos::OpenMP::impl_is_initialized()) {
       throw depot::error(std::string{what} +
                              " on the host: Kokkos 3.x with the OpenMP host backend runs reductions, scans and "
-                             "team kernels only on the thread that initialised Kokkos, outside any parallel "
-                             "region, and this is another thread; call it from that thread, or build depot with "
-                             "Kokkos 4 or newer",
+                             "team kernels only on the thread that initialised Kokkos, and this is another thread; "
+                             "call it from that thread, or build depot with Kokkos 4 or newer",
                          what, __FILE__, __LINE__, 0, "kokkos_host_thread");
     }
   }
