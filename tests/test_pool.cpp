@@ -2184,6 +2184,23 @@ depot::detail::allocator_core async_core(std::shared_ptr<manual_event_upstream::
 // A stream handle that names no stream, for tests whose upstream never looks behind it.
 depot::native_stream fake_stream(std::uintptr_t k) { return reinterpret_cast<depot::native_stream>(k); }
 
+// After a test's last free: every figure agrees with the snapshot, the directory and the
+// dense segments' bitmaps agree with the blocks, nothing is allocated, and empty_cache()
+// returns every segment (the figures and the snapshot agreeing after it too).
+void check_ends_empty(depot::detail::allocator_core& a)
+{
+  const depot::memory_stats st = a.stats();
+  check_invariants(st, a.snapshot());
+  CHECK(a.check_directory() == "");
+  CHECK(a.check_small_bits() == "");
+  CHECK(st.allocated_bytes.all.current == 0);
+  a.empty_cache();
+  CHECK(a.check_directory() == "");
+  CHECK(a.stats().num_segments.all.current == 0);
+  CHECK(a.stats().reserved_bytes.all.current == 0);
+  check_invariants(a.stats(), a.snapshot());
+}
+
 }  // namespace
 
 TEST_CASE("pool: frees that wait for other streams' events (an asynchronous backend on the CPU)")
@@ -3291,9 +3308,7 @@ TEST_CASE("pool: each thread's per-thread default stream has a cache of its own"
   CHECK(calls_by(me) == 1);
   a.deallocate(big, ptds, true, 0);
   CHECK(ev->key_calls == 0);
-  check_invariants(a.stats(), a.snapshot());
-  a.empty_cache();
-  CHECK(a.stats().reserved_bytes.all.current == 0);
+  check_ends_empty(a);
 }
 
 // A thread that never allocates or frees but uses a block on its per-thread default stream
@@ -3326,9 +3341,7 @@ TEST_CASE("pool: a thread that only lists its per-thread stream on a block close
   CHECK(y == x);
   a.deallocate(y, s1, true, 0);
   CHECK(ev->key_calls == 0);
-  check_invariants(a.stats(), a.snapshot());
-  a.empty_cache();
-  CHECK(a.stats().reserved_bytes.all.current == 0);
+  check_ends_empty(a);
 }
 
 // A capture on thread A's per-thread default stream whose pool this thread releases while
@@ -3396,10 +3409,7 @@ TEST_CASE("pool: a capture pool on a thread's per-thread stream, released by ano
     const std::lock_guard g{ev->mu};
     ev->open.clear();
   }
-  a.empty_cache();
-  check_invariants(a.stats(), a.snapshot());
-  CHECK(a.stats().allocated_bytes.all.current == 0);
-  CHECK(a.stats().reserved_bytes.all.current == 0);
+  check_ends_empty(a);
 }
 
 TEST_CASE("pool: a segment moved from a raw stream handle is counted as a device synchronisation")
@@ -4943,22 +4953,6 @@ TEST_CASE("pool: streams that come and go on four threads are ordered by events,
   // segments of <= 20 MiB (a cache takes others' whole free segments before growing).
   CHECK(st.reserved_bytes.all.peak <= static_cast<std::int64_t>(4 * 3 * 20 * MiB));
   a.empty_cache();
-}
-
-// After a test's last free: every figure agrees with the snapshot, the directory and the
-// dense segments' bitmaps agree with the blocks, nothing is allocated, and empty_cache()
-// returns every segment.
-void check_ends_empty(depot::detail::allocator_core& a)
-{
-  const depot::memory_stats st = a.stats();
-  check_invariants(st, a.snapshot());
-  CHECK(a.check_directory() == "");
-  CHECK(a.check_small_bits() == "");
-  CHECK(st.allocated_bytes.all.current == 0);
-  a.empty_cache();
-  CHECK(a.check_directory() == "");
-  CHECK(a.stats().num_segments.all.current == 0);
-  CHECK(a.stats().reserved_bytes.all.current == 0);
 }
 
 // Blocks any thread made and any thread frees, naming no stream, each checked first: its
