@@ -86,7 +86,6 @@ void select_dense_gpu(U* dst, std::int64_t dst_len, const U* src, const std::uin
     std::int64_t* counts = buf.template as<std::int64_t>();
     using policy = Kokkos::TeamPolicy<exec_space<D>>;
     using member = typename policy::member_type;
-    require_kokkos_host_thread<D>("depot::masked_select");
     const auto inst = D::kokkos::instance(stream);
     Kokkos::parallel_for("depot::masked_select_count", policy(inst, static_cast<int>(chunks), select_team),
                          KOKKOS_LAMBDA(const member& t) {
@@ -163,12 +162,12 @@ std::int64_t kernels::count_true(const array_ref& mask, stream_ref<D> stream)
   const std::int64_t n = mask.numel();
   if (n == 0) return 0;
   ops::ensure_kokkos();
+  ops::detail::require_kokkos_host_thread<D>("depot::count_true");
   const auto* m = static_cast<const std::uint8_t*>(mask.data);
   std::int64_t count = 0;
   if (mask.is_contiguous()) {
     // Runs of 16 mask bytes, each one 16-byte load where aligned.
     const std::int64_t runs = (n + ops::detail::select_per_thread - 1) / ops::detail::select_per_thread;
-    ops::detail::require_kokkos_host_thread<D>("depot::count_true");
     Kokkos::parallel_reduce(
         "depot::count_true", ops::detail::make_range<D, std::int64_t>(stream, runs),
         KOKKOS_LAMBDA(std::int64_t r, std::int64_t & c) {
@@ -180,7 +179,6 @@ std::int64_t kernels::count_true(const array_ref& mask, stream_ref<D> stream)
   }
   const array_ref* arrays[1] = {&mask};
   const auto s = ops::detail::coalesce<1>(arrays);
-  ops::detail::require_kokkos_host_thread<D>("depot::count_true");
   Kokkos::parallel_reduce(
       "depot::count_true", ops::detail::make_range<D, std::int64_t>(stream, n),
       KOKKOS_LAMBDA(std::int64_t i, std::int64_t & c) {

@@ -2524,7 +2524,6 @@ struct allocator_core::impl {
     new_route();
   }
 
-
   void record(const trace_event& e)
   {
     if (!tracing.load(std::memory_order_relaxed)) return;

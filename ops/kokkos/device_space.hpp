@@ -37,12 +37,20 @@ using kokkos_hip_space = Kokkos::Experimental::HIPSpace;
 #endif
 #endif
 
-// What a refused instance may mean. Kokkos 3.x with the OpenMP host backend keeps its
-// host space's state per thread, so it makes a GPU instance only on the thread that
-// initialised Kokkos (Kokkos 4 on any thread); an instance, once made, serves every thread.
+// Kokkos 3.x with the OpenMP host backend keeps its host space's state per thread (set on
+// the thread that initialised Kokkos alone); Kokkos 4 keeps it per process.
+#if KOKKOS_VERSION < 40000 && defined(KOKKOS_ENABLE_OPENMP)
+#define DEPOT_KOKKOS_HOST_STATE_PER_THREAD 1
+#else
+#define DEPOT_KOKKOS_HOST_STATE_PER_THREAD 0
+#endif
+
+// What a refused instance may mean. With the host state per thread, Kokkos makes a GPU
+// instance only on the thread that initialised it; an instance, once made, serves every
+// thread.
 inline std::string instance_hint()
 {
-#if KOKKOS_VERSION < 40000 && defined(KOKKOS_ENABLE_OPENMP)
+#if DEPOT_KOKKOS_HOST_STATE_PER_THREAD
   return "; Kokkos 3.x with the OpenMP host backend makes a stream's instance only on the thread that "
          "initialised Kokkos: run a first kernel on this stream from that thread (its instance then "
          "serves every thread), or use Kokkos 4 or newer";

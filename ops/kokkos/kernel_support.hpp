@@ -152,7 +152,7 @@ range<D, I> make_range(stream_ref<D> stream, I n)
 template <class D>
 void require_kokkos_host_thread([[maybe_unused]] const char* what)
 {
-#if KOKKOS_VERSION < 40000 && defined(KOKKOS_ENABLE_OPENMP)
+#if DEPOT_KOKKOS_HOST_STATE_PER_THREAD
   if constexpr (std::is_same_v<exec_space<D>, Kokkos::OpenMP>) {
     if (!Kokkos::OpenMP::impl_is_initialized()) {
       throw depot::error(std::string{what} +
