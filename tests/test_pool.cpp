@@ -3006,6 +3006,18 @@ static void give(two_stream_steals& t, std::vector<void*>& v, depot::native_stre
   for (void* p : v) t.a.deallocate(p, s, true, 0);
   v.clear();
 }
+// A third stream (0x3000) beside t's two, opened here; end() checks that t's allocator
+// ends empty and closes all three.
+struct third_stream {
+  explicit third_stream(two_stream_steals& steals) : t{steals} { depot::stream_registry::opened(t.dev, s3); }
+  void end()
+  {
+    check_ends_empty(t.a);
+    for (depot::native_stream s : {s3, t.s1, t.s2}) depot::stream_registry::closing(t.dev, s);
+  }
+  two_stream_steals& t;
+  depot::native_stream s3 = fake_stream(0x3000);
+};
 
 // A steal from a live stream orders the thief's stream after the victim's by an event
 // recorded there and a wait, unless the thief's stream already waited for an event of the
@@ -3144,6 +3156,80 @@ TEST_CASE("pool: a steal from a stream with no work left queues no event")
   a.empty_cache();
   CHECK(a.stats().reserved_bytes.all.current == 0);
   depot::stream_registry::closing(dev, s2);
+}
+
+// A query that found a stream with no work left covers every free there before it, for
+// any stream that takes the memory later: a third stream taking the victim's other
+// segment, freed before that query, asks nothing and queues nothing, though the victim is
+// busy again (memory freed after a query is asked about anew: the case above). Each kind
+// of segment.
+TEST_CASE("pool: a stream found idle is not asked again about memory freed before, whichever stream takes it")
+{
+  two_stream_steals t;
+  auto& [n, per, ev, a, s1, s2, dev] = t;
+  CAPTURE(n);
+  third_stream third{t};
+  std::vector<void*> on1 = take(t, s1, 2 * per);
+  REQUIRE(a.snapshot().segments.size() == 2);
+  give(t, on1, s1);
+  // Stream 2 takes one segment over with one query (stream 1 idle).
+  ev->idle = {0x1000};
+  const int recorded = ev->recorded, waits = ev->stream_waits, queries = ev->stream_queries;
+  std::vector<void*> on2 = take(t, s2, per);
+  CHECK(ev->stream_queries == queries + 1);
+  CHECK(a.stats().num_segments_moved == 1);
+  // Stream 1 busy again; stream 3 takes the other one: freed before the query, so done.
+  ev->idle.clear();
+  std::vector<void*> on3 = take(t, third.s3, per);
+  CHECK(a.snapshot().segments.size() == 2);  // taken over, not grown
+  CHECK(a.stats().num_segments_moved == 2);
+  CHECK(ev->stream_queries == queries + 1);
+  CHECK(ev->recorded == recorded);
+  CHECK(ev->stream_waits == waits);
+  CHECK(a.stats().num_move_events == 0);
+  give(t, on3, third.s3);
+  give(t, on2, s2);
+  third.end();
+}
+
+// A miss takes over a whole free segment of the other stream that holds the most segments
+// first, whatever the order the streams came in: taking from the first stream that has one
+// made one thread alternating among streams move memory back and forth between the first
+// few (steal()). Each kind of segment.
+TEST_CASE("pool: a steal takes first from the stream that holds the most segments")
+{
+  two_stream_steals t;
+  auto& [n, per, ev, a, s1, s2, dev] = t;
+  CAPTURE(n);
+  third_stream third{t};
+  const auto held_by = [&](depot::native_stream s) {
+    std::size_t k = 0;
+    for (const auto& seg : a.snapshot().segments) k += seg.stream == reinterpret_cast<std::uintptr_t>(s) ? 1 : 0;
+    return k;
+  };
+  // Stream 1 (its cache made first) holds one free segment, stream 3 three.
+  std::vector<void*> on1 = take(t, s1, per);
+  std::vector<void*> on3 = take(t, third.s3, 3 * per);
+  REQUIRE(held_by(s1) == 1);
+  REQUIRE(held_by(third.s3) == 3);
+  give(t, on1, s1);
+  give(t, on3, third.s3);
+  // Stream 2 misses twice: both segments come from stream 3, which then holds as many as
+  // stream 1 (ties go in the order the caches came).
+  std::vector<void*> on2 = take(t, s2, 2 * per);
+  CHECK(a.stats().num_segments_moved == 2);
+  CHECK(held_by(s2) == 2);
+  CHECK(held_by(third.s3) == 1);
+  CHECK(held_by(s1) == 1);
+  // Its third miss: stream 1's, the first of the two that hold one each.
+  std::vector<void*> more = take(t, s2, per);
+  CHECK(held_by(s2) == 3);
+  CHECK(held_by(s1) == 0);
+  CHECK(held_by(third.s3) == 1);
+  CHECK(a.snapshot().segments.size() == 4);  // taken over, never grown
+  give(t, on2, s2);
+  give(t, more, s2);
+  third.end();
 }
 
 // A stream depot cannot see the lifetime of (a raw handle never registered) gives its
