@@ -23,7 +23,7 @@ void check_indices_typed(const array_ref& index, std::int64_t extent, int dim, s
   const auto s = coalesce<1>(arrays);
   const X* p = static_cast<const X*>(index.data);
   std::int64_t first_bad = n;
-  require_kokkos_host_thread<D>("depot::check_indices");
+  const scratch_guard<D> guard{stream, "depot::check_indices"};
   Kokkos::parallel_reduce(
       "depot::check_indices", make_range<D, std::int64_t>(stream, n),
       KOKKOS_LAMBDA(std::int64_t i, std::int64_t & lowest) {
@@ -144,7 +144,7 @@ void check_offsets(const array_ref& offsets, std::int64_t lo, std::int64_t hi, s
   const auto s = coalesce<1>(arrays);
   const auto* p = static_cast<const std::int64_t*>(offsets.data);
   std::int64_t first_bad = n;
-  require_kokkos_host_thread<D>("depot::check_offsets");
+  const scratch_guard<D> guard{stream, "depot::check_offsets"};
   Kokkos::parallel_reduce(
       "depot::check_offsets", make_range<D, std::int64_t>(stream, n),
       KOKKOS_LAMBDA(std::int64_t i, std::int64_t & lowest) {

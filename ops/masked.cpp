@@ -29,7 +29,7 @@ void select_kernel(const array_ref& dst, const array_ref& src, const array_ref& 
   const auto* v = static_cast<const U*>(src.data);
   const auto* m = static_cast<const std::uint8_t*>(mask.data);
   const I n = static_cast<I>(src.numel());
-  require_kokkos_host_thread<D>("depot::masked_select");
+  scratch_guard<D> guard{stream, "depot::masked_select"};
   Kokkos::parallel_scan("depot::masked_select", make_range<D, I>(stream, n),
                         KOKKOS_LAMBDA(I i, I & before, const bool final) {
                           I off[2] = {i, i};
@@ -38,6 +38,7 @@ void select_kernel(const array_ref& dst, const array_ref& src, const array_ref& 
                           if (final && take) d[before * dstride] = v[off[0]];
                           before += take ? 1 : 0;
                         });
+  guard.finish();
 }
 
 // GPU compaction of dense src and mask (the CUB-style two-level scheme): teams of 256
@@ -82,6 +83,7 @@ void select_dense_gpu(U* dst, std::int64_t dst_len, const U* src, const std::uin
   if constexpr (is_gpu_v<D>) {
     const std::int64_t chunks = (n + select_chunk - 1) / select_chunk;
     DEPOT_EXPECTS(chunks < (std::int64_t{1} << 31), "depot::masked_select: too many elements for one launch");
+    const scratch_guard<D> guard{stream, "depot::masked_select"};  // (the scan's; read_one waits for it)
     scratch_buffer<D> buf{static_cast<std::size_t>(chunks + 1) * sizeof(std::int64_t), stream};
     std::int64_t* counts = buf.template as<std::int64_t>();
     using policy = Kokkos::TeamPolicy<exec_space<D>>;
@@ -162,7 +164,7 @@ std::int64_t kernels::count_true(const array_ref& mask, stream_ref<D> stream)
   const std::int64_t n = mask.numel();
   if (n == 0) return 0;
   ops::ensure_kokkos();
-  ops::detail::require_kokkos_host_thread<D>("depot::count_true");
+  const ops::detail::scratch_guard<D> guard{stream, "depot::count_true"};
   const auto* m = static_cast<const std::uint8_t*>(mask.data);
   std::int64_t count = 0;
   if (mask.is_contiguous()) {

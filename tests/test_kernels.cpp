@@ -11,6 +11,7 @@
 #include <depot/hal/index_error.hpp>
 #include <depot/hal/invalid_argument.hpp>
 #include <depot/hal/runtime.hpp>
+#include <depot/hal/stream.hpp>
 #include <depot/ops/copy.hpp>
 #include <depot/ops/fill.hpp>
 #include <depot/ops/gather.hpp>
@@ -727,4 +728,78 @@ TEST_CASE_TEMPLATE("ops: reductions and scans from another thread run, or are re
     CHECK(message.rfind("depot::", 0) == 0);  // the op's label first (masked_select counts first)
   }
   run_all();  // this thread: they run
+}
+
+// Reductions and scans launched at once by two threads on one stream (the default stream,
+// a depot::stream, and on a GPU the per-thread default stream's handle, whose instance every
+// thread shares): each thread gets its own count and its own elements, never the other's
+// (a Kokkos instance has one scratch area: ops::detail::scratch_guard). The threads' masks
+// select different counts of different values, so a result crossed over shows. Where
+// Kokkos runs host reductions only on its initialising thread (Kokkos 3.x, OpenMP), the
+// other thread is refused (the case above) and this thread's results are still checked.
+TEST_CASE_TEMPLATE("ops: reductions and scans from two threads at once on one stream give each its own result", D,
+                   DEPOT_TEST_DEVICES)
+{
+  depot::ops::ensure_kokkos();
+  constexpr std::int64_t n = 4096;
+  constexpr int rounds = depot::is_gpu_v<D> ? 200 : 50;  // (the host's: for a 2-core CI machine)
+  struct side {
+    std::int64_t selected;
+    double value;
+  };
+  const auto make = [](side w) {
+    auto src = depot::strided_view<double, D>::empty({n});
+    depot::ops::fill(src, w.value);
+    auto mask = depot::strided_view<bool, D>::empty({n});
+    depot::ops::fill(mask, false);
+    depot::ops::fill(mask.slice(0, 0, w.selected), true);
+    return std::make_pair(src, mask);
+  };
+  depot::stream<D> own;
+  std::vector<depot::stream_ref<D>> streams{depot::stream_ref<D>{}, own.ref()};
+  if constexpr (depot::is_gpu_v<D>) streams.push_back(depot::stream_ref<D>{reinterpret_cast<depot::native_stream>(0x2)});
+  for (const depot::stream_ref<D> s : streams) {
+    CAPTURE(reinterpret_cast<std::uintptr_t>(s.native()));
+    const side mine{1000, 1.0}, theirs{3000, 2.0};
+    const auto [src_a, mask_a] = make(mine);
+    const auto [src_b, mask_b] = make(theirs);
+    auto idx = depot::strided_view<std::int64_t, D>::empty({n});
+    depot::ops::fill(idx, std::int64_t{n - 1});
+    (void)depot::ops::masked_select(src_a, mask_a, s);  // (this thread makes the stream's instance)
+    // One thread's rounds: masked_select (a count, then a scan) and index_select (an index
+    // check: a reduction), every result checked; wrong results counted, not asserted
+    // (doctest's assertions are for this thread).
+    const auto work = [&](const side w, const depot::strided_view<double, D>& src,
+                          const depot::strided_view<bool, D>& mask, int& wrong) {
+      for (int r = 0; r < rounds; ++r) {
+        const auto out = depot::ops::masked_select(src, mask, s);
+        (void)depot::ops::index_select(src, 0, idx, s);
+        s.synchronize();
+        if (out.numel() != w.selected) {
+          ++wrong;
+          continue;
+        }
+        const auto h = out.to_host_vector();
+        wrong += std::count_if(h.begin(), h.end(), [&](double v) { return v != w.value; }) != 0 ? 1 : 0;
+      }
+    };
+    int wrong_a = 0, wrong_b = 0, refused = 0, failed = 0;
+    std::thread t{[&] {
+      try {
+        work(theirs, src_b, mask_b, wrong_b);
+      } catch (const depot::error&) {
+        ++refused;
+      } catch (...) {
+        ++failed;
+      }
+    }};
+    work(mine, src_a, mask_a, wrong_a);
+    t.join();
+    const std::string other = refused != 0 ? "was refused" : "ran";
+    MESSAGE(depot::ops::kokkos_description() << ", stream " << s.native() << ": the other thread " << other);
+    CHECK(wrong_a == 0);
+    CHECK(wrong_b == 0);
+    CHECK(failed == 0);
+    if (refused != 0) CHECK_FALSE(depot::is_gpu_v<D>);  // (only the host's are refused: the case above)
+  }
 }
