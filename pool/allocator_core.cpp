@@ -2352,7 +2352,8 @@ struct allocator_core::impl {
     // at it mispredicted about once per operation there) and no index on the way to the
     // cache, whose address everything the operation does next waits for (an index from
     // countr_zero, then a load at it, cost one thread on 4 streams ~4 ns a pair more at
-    // requests to 64 MiB, development VM); the swap's stores are off that path. No match
+    // requests to 64 MiB with moves off: 30-40 interleaved runs on the development VM; an
+    // H100 host's noise hid it); the swap's stores are off that path. No match
     // (an entry of the same stream for another allocator, or one from before a capture
     // changed the route): the long way (recent_cache).
     static_assert(std::tuple_size_v<decltype(tc.entries)> == 4);
