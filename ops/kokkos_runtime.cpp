@@ -50,4 +50,18 @@ std::string kokkos_description()
   return text;
 }
 
+template <class D>
+std::size_t kept_instances()
+{
+  return D::kokkos::kept_instances();
+}
+
+template std::size_t kept_instances<host>();
+#if DEPOT_HAS_CUDA
+template std::size_t kept_instances<cuda>();
+#endif
+#if DEPOT_HAS_HIP
+template std::size_t kept_instances<hip>();
+#endif
+
 }  // namespace depot::ops

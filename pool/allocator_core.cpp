@@ -3514,7 +3514,7 @@ struct allocator_core::impl {
 
   // Whether a handle names a stream that is never destroyed: the default (legacy) stream,
   // and CUDA's and HIP's per-thread default streams (cudaStreamLegacy, *PerThread).
-  static bool built_in(native_stream s) noexcept { return reinterpret_cast<std::uintptr_t>(s) <= 2; }
+  static bool built_in(native_stream s) noexcept { return is_built_in_stream(s); }
 
   // The per-thread default stream's handle (cudaStreamPerThread, hipStreamPerThread: 0x2)
   // names the calling thread's own stream, so the allocator keys it by thread: the public
@@ -3525,7 +3525,6 @@ struct allocator_core::impl {
   // for a raw handle. A thread's key is closed like a destroyed stream as the thread exits
   // (close_per_thread_stream). Bit 62 is never set in a user-space address (the marker's
   // bit 63 is told apart).
-  static constexpr std::uintptr_t k_per_thread_handle = 2;
   static constexpr std::uintptr_t k_per_thread_tag = std::uintptr_t{1} << 62U;
   static native_stream own_per_thread() noexcept
   {
@@ -3536,7 +3535,8 @@ struct allocator_core::impl {
   native_stream key_of(native_stream s) const noexcept
   {
     const auto v = reinterpret_cast<std::uintptr_t>(s);
-    if (v > k_per_thread_handle || v == 1 || (v == 0 && !cfg.null_stream_per_thread)) [[likely]] return s;
+    if (v > per_thread_stream_handle || v == legacy_stream_handle || (v == 0 && !cfg.null_stream_per_thread)) [[likely]]
+      return s;
     tl_named_per_thread = true;
     return own_per_thread();
   }
@@ -3553,7 +3553,7 @@ struct allocator_core::impl {
   native_stream native(native_stream s) const
   {
     if (!per_thread(s)) [[likely]] return s;
-    if (s == own_per_thread()) return reinterpret_cast<native_stream>(k_per_thread_handle);
+    if (s == own_per_thread()) return reinterpret_cast<native_stream>(per_thread_stream_handle);
     throw error("depot: " + dev.to_string() + " caching allocator: thread " +
                     std::to_string(reinterpret_cast<std::uintptr_t>(s) & ~k_per_thread_tag) +
                     "'s per-thread default stream cannot be reached from thread " + std::to_string(thread_token()),

@@ -8,7 +8,9 @@
 
 #include <depot/pool/allocator_snapshot.hpp>
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace depot::test {
 
@@ -21,6 +23,18 @@ inline std::uint64_t capture_pool_of(const allocator_snapshot& snap, const void*
   }
   FAIL("no segment holds the pointer");
   return 0;
+}
+
+// How many of the snapshot's segments are held by the cache of stream key `stream` (the
+// handle as a number), of the small pool or the large one only where `small_pool` says.
+inline std::size_t segments_on(const allocator_snapshot& snap, std::uintptr_t stream,
+                               std::optional<bool> small_pool = std::nullopt)
+{
+  std::size_t n = 0;
+  for (const auto& seg : snap.segments) {
+    n += seg.stream == stream && (!small_pool || seg.small_pool == *small_pool) ? 1 : 0;
+  }
+  return n;
 }
 
 }  // namespace depot::test

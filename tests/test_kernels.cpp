@@ -12,6 +12,7 @@
 #include <depot/hal/invalid_argument.hpp>
 #include <depot/hal/runtime.hpp>
 #include <depot/hal/stream.hpp>
+#include <depot/hal/stream_registry.hpp>
 #include <depot/ops/copy.hpp>
 #include <depot/ops/fill.hpp>
 #include <depot/ops/gather.hpp>
@@ -757,7 +758,9 @@ TEST_CASE_TEMPLATE("ops: reductions and scans from two threads at once on one st
   };
   depot::stream<D> own;
   std::vector<depot::stream_ref<D>> streams{depot::stream_ref<D>{}, own.ref()};
-  if constexpr (depot::is_gpu_v<D>) streams.push_back(depot::stream_ref<D>{reinterpret_cast<depot::native_stream>(0x2)});
+  if constexpr (depot::is_gpu_v<D>) {
+    streams.push_back(depot::stream_ref<D>{reinterpret_cast<depot::native_stream>(depot::per_thread_stream_handle)});
+  }
   for (const depot::stream_ref<D> s : streams) {
     CAPTURE(reinterpret_cast<std::uintptr_t>(s.native()));
     const side mine{1000, 1.0}, theirs{3000, 2.0};
@@ -809,5 +812,55 @@ TEST_CASE_TEMPLATE("ops: reductions and scans from two threads at once on one st
     CHECK(b.wrong == 0);
     CHECK_FALSE(a.refused);
     if (b.refused) CHECK_FALSE(depot::is_gpu_v<D>);  // (only the host's are refused: the case above)
+  }
+}
+
+// A stream's Kokkos instance (with its device scratch memory) is made on the stream's first
+// kernel and goes as the stream closes: a program that makes and destroys streams keeps
+// none of theirs (it kept every one, and each launch walked them all). A depot::stream's
+// destruction closes it; a raw handle's owner says so with stream_registry::closing(). The
+// host's streams share Kokkos' default instance (none kept).
+TEST_CASE_TEMPLATE("ops: a stream's Kokkos instance is dropped as the stream closes", D, DEPOT_TEST_DEVICES)
+{
+  depot::ops::ensure_kokkos();
+  constexpr std::int64_t n = 1000;
+  auto src = depot::strided_view<double, D>::empty({n});
+  depot::ops::fill(src, 1.0);
+  auto mask = depot::strided_view<bool, D>::empty({n});
+  depot::ops::fill(mask, false);
+  depot::ops::fill(mask.slice(0, 0, 300), true);
+  const std::size_t before = depot::ops::kept_instances<D>();
+  const std::size_t one = depot::is_gpu_v<D> ? 1 : 0;  // what a live stream adds
+  constexpr int rounds = 100;
+  for (int r = 0; r < rounds; ++r) {
+    CAPTURE(r);
+    depot::stream<D> s;
+    // A kernel, a reduction and a scan (the scratch area's users), each result checked.
+    auto dst = depot::strided_view<double, D>::empty({n});
+    depot::ops::fill(dst, 0.0, s.ref());
+    const auto out = depot::ops::masked_select(src, mask, s.ref());
+    s.synchronize();
+    REQUIRE(out.numel() == 300);
+    REQUIRE(depot::ops::kept_instances<D>() == before + one);
+  }
+  CHECK(depot::ops::kept_instances<D>() == before);
+  // A raw handle: kept while its owner uses it, dropped by closing().
+  const depot::native_stream raw = depot::runtime<D>::create_stream(0);
+  const depot::stream_ref<D> r{raw};
+  depot::ops::fill(src, 2.0, r);
+  r.synchronize();
+  CHECK(depot::ops::kept_instances<D>() == before + one);
+  depot::stream_registry::closing(depot::device_id::of<D>(0), raw);
+  CHECK(depot::ops::kept_instances<D>() == before);
+  depot::runtime<D>::destroy_stream(raw, 0);
+  // Another backend's stream closing with the same handle drops nothing of this one's.
+  if constexpr (depot::is_gpu_v<D>) {
+    const depot::stream<D> kept;
+    depot::ops::fill(src, 3.0, kept.ref());
+    kept.synchronize();
+    depot::stream_registry::closing(depot::device_id{depot::device_kind::host, 0}, kept.native());
+    CHECK(depot::ops::kept_instances<D>() == before + 1);
+    const auto h = src.to_host_vector();
+    CHECK(std::count(h.begin(), h.end(), 3.0) == n);
   }
 }

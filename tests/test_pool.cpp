@@ -3203,9 +3203,7 @@ TEST_CASE("pool: a steal takes first from the stream that holds the most segment
   CAPTURE(n);
   third_stream third{t};
   const auto held_by = [&](depot::native_stream s) {
-    std::size_t k = 0;
-    for (const auto& seg : a.snapshot().segments) k += seg.stream == reinterpret_cast<std::uintptr_t>(s) ? 1 : 0;
-    return k;
+    return depot::test::segments_on(a.snapshot(), reinterpret_cast<std::uintptr_t>(s));
   };
   // Stream 1 (its cache made first) holds one free segment, stream 3 three.
   std::vector<void*> on1 = take(t, s1, per);
@@ -5715,9 +5713,7 @@ TEST_CASE_TEMPLATE("pool: a new stream takes over all of a destroyed stream's wh
   const auto old = reinterpret_cast<std::uintptr_t>(s1->native());
   depot::stream<D> s2;  // made first, so it cannot get s1's handle
   const auto on = [&](std::uintptr_t h, bool small_pool) {
-    std::size_t n = 0;
-    for (const auto& seg : a.snapshot().segments) n += seg.stream == h && seg.small_pool == small_pool ? 1 : 0;
-    return n;
+    return depot::test::segments_on(a.snapshot(), h, small_pool);
   };
   const auto s2h = reinterpret_cast<std::uintptr_t>(s2.native());
   std::vector<void*> dense;   // 60 KiB: dense small segments, 34 to a segment
@@ -5864,7 +5860,7 @@ TEST_CASE_TEMPLATE("pool: a block freed on one thread's per-thread default strea
 {
   const std::size_t n = 24 * MiB;  // one segment
   depot::caching_allocator<D> a{0, quiet_config<D>()};
-  const depot::stream_ref<D> ptds{reinterpret_cast<depot::native_stream>(std::uintptr_t{2})};
+  const depot::stream_ref<D> ptds{reinterpret_cast<depot::native_stream>(depot::per_thread_stream_handle)};
   step_thread ta;
   void* x = nullptr;
   ta.run([&] {
@@ -6264,10 +6260,8 @@ TEST_CASE("pool: a new stream takes a destroyed stream's cache over with its fre
     return bad;
   };
   const auto on_stream = [&](depot::native_stream s) {
-    std::size_t n = 0;
-    const auto segments = a.snapshot().segments;
-    for (const auto& seg : segments) n += seg.stream == addr(s) ? 1 : 0;
-    return std::pair{n, segments.size()};
+    const depot::allocator_snapshot snap = a.snapshot();
+    return std::pair{depot::test::segments_on(snap, addr(s)), snap.segments.size()};
   };
   const auto h1 = fake_stream(0x7100000);
   depot::stream_registry::opened(dev, h1);

@@ -11,9 +11,11 @@
 #include <depot/hal/device.hpp>
 #include <depot/hal/error.hpp>
 #include <depot/hal/stream_ref.hpp>
+#include <depot/hal/stream_registry.hpp>
 
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <string>
@@ -59,49 +61,114 @@ inline std::string instance_hint()
 #endif
 }
 
-// The execution-space instance for a backend stream, created on first use and kept: in
-// Kokkos 3.x constructing an instance from a stream allocates device scratch memory, far
-// too slow per launch. The instances are released by a Kokkos finalize hook, before
-// Kokkos finalises (whether depot or the application finalises it). Thread-safe. A
-// refusal by Kokkos is a depot::error naming the stream (and instance_hint's cause).
+// The execution-space instances of a GPU backend's streams, each made on the stream's first
+// kernel and kept until the stream closes (stream_registry: a depot::stream's destruction,
+// or closing() by a raw handle's owner) or Kokkos finalises: making one allocates device
+// scratch memory (Kokkos 3.x: four allocations and a memset), far too slow per launch.
+// Kept for every stream ever used, they grew without bound in a program that makes and
+// destroys streams (their memory, and the list each launch walks). Each has its own lock
+// for its scratch area (scratch_guard). Thread-safe; never destroyed (streams close during
+// static destruction too). A refusal by Kokkos is a depot::error naming the stream (and
+// instance_hint's cause).
 template <class Exec, class Native>
-Exec instance_for(Native stream)
-{
+class instance_table final : public stream_registry::watcher {
+ public:
   // A singly linked list, not a std::map: hipcc 5.2's clang crashes instantiating std::map
-  // of a Kokkos execution space in device compilation. Programs use few streams.
+  // of a Kokkos execution space in device compilation. Entries are shared with the
+  // scratch_guards that hold their lock, so a stream closing meanwhile frees none in use.
   struct entry {
     Native stream;
     Exec exec;
-    entry* next;
+    std::mutex scratch;
+    std::shared_ptr<entry> next;
   };
+
+  static instance_table& get(device_kind kind)
+  {
+    static instance_table* const table = [kind] {
+      auto t = std::make_unique<instance_table>(kind);
+      stream_registry::watch(t.get());  // (may throw std::bad_alloc: tried again next time)
+      return t.release();
+    }();
+    return *table;
+  }
+  explicit instance_table(device_kind kind) noexcept : kind_{kind} {}
+
+  Exec instance(Native stream) { return find(stream)->exec; }
+  // The lock of the stream's instance's scratch area, which keeps the instance alive.
+  std::shared_ptr<std::mutex> scratch_lock(Native stream)
+  {
+    std::shared_ptr<entry> e = find(stream);
+    return {e, &e->scratch};
+  }
+  [[nodiscard]] std::size_t size() const
+  {
+    const std::lock_guard<std::mutex> lock{mu_};
+    std::size_t n = 0;
+    for (const entry* e = head_.get(); e != nullptr; e = e->next.get()) ++n;
+    return n;
+  }
+
+  void stream_closing(device_id device, native_stream stream) noexcept override
+  {
+    if (device.kind != kind_) return;
+    std::shared_ptr<entry> gone;
+    {
+      const std::lock_guard<std::mutex> lock{mu_};
+      for (std::shared_ptr<entry>* at = &head_; *at != nullptr; at = &(*at)->next) {
+        if (static_cast<native_stream>((*at)->stream) == stream) {
+          gone = std::move(*at);
+          *at = std::move(gone->next);
+          break;
+        }
+      }
+    }
+    // Freed here, outside the lock (its scratch memory given back while the stream is still
+    // valid), unless a scratch_guard holds it: then as that lets go.
+  }
+
+ private:
+  std::shared_ptr<entry> find(Native stream)
+  {
+    const std::lock_guard<std::mutex> lock{mu_};
+    if (!hooked_) {
+      Kokkos::push_finalize_hook([this] {
+        const std::lock_guard<std::mutex> l{mu_};
+        while (head_ != nullptr) head_ = std::move(head_->next);
+        hooked_ = false;
+      });
+      hooked_ = true;
+    }
+    for (std::shared_ptr<entry>* at = &head_; *at != nullptr; at = &(*at)->next) {
+      if ((*at)->stream == stream) return *at;
+    }
+    std::shared_ptr<entry> made;
+    try {
+      made = std::shared_ptr<entry>(new entry{stream, Exec{stream}, {}, head_});
+    } catch (const std::bad_alloc&) {
+      throw;
+    } catch (const std::exception& e) {  // Kokkos refused (its runtime_error): said plainly
+      throw depot::error(std::string{"depot::ops: Kokkos made no execution-space instance for stream "} +
+                             std::to_string(reinterpret_cast<std::uintptr_t>(stream)) + " (" + e.what() + ")" +
+                             instance_hint(),
+                         "Kokkos execution-space instance for a stream", __FILE__, __LINE__, 0, "kokkos_instance");
+    }
+    head_ = made;
+    return made;
+  }
+
+  device_kind kind_;
+  mutable std::mutex mu_;
+  std::shared_ptr<entry> head_;
+  bool hooked_ = false;
+};
+
+// The lock a reduction or scan on the default stream's instance (or the host's one
+// instance) holds: shared by every thread that launches there.
+inline std::shared_ptr<std::mutex> shared_scratch_lock()
+{
   static std::mutex m;
-  static entry* head = nullptr;
-  static bool hooked = false;
-  std::lock_guard<std::mutex> lock{m};
-  if (!hooked) {
-    hooked = true;
-    Kokkos::push_finalize_hook([] {
-      std::lock_guard<std::mutex> l{m};
-      while (head != nullptr) delete std::exchange(head, head->next);
-      hooked = false;
-    });
-  }
-  for (entry* e = head; e != nullptr; e = e->next) {
-    if (e->stream == stream) return e->exec;
-  }
-  entry* made = nullptr;
-  try {
-    made = new entry{stream, Exec{stream}, head};
-  } catch (const std::bad_alloc&) {
-    throw;
-  } catch (const std::exception& e) {  // Kokkos refused (its runtime_error): said plainly
-    throw depot::error(std::string{"depot::ops: Kokkos made no execution-space instance for stream "} +
-                           std::to_string(reinterpret_cast<std::uintptr_t>(stream)) + " (" + e.what() + ")" +
-                           instance_hint(),
-                       "Kokkos execution-space instance for a stream", __FILE__, __LINE__, 0, "kokkos_instance");
-  }
-  head = made;
-  return head->exec;
+  return {std::shared_ptr<void>{}, &m};
 }
 }  // namespace depot::ops::detail
 
@@ -110,17 +177,26 @@ struct depot::host::kokkos {
   using memory_space = Kokkos::HostSpace;
   // Host streams complete work at once; the default instance serves them all.
   static execution_space instance(stream_ref<host>) { return execution_space{}; }
+  static std::shared_ptr<std::mutex> scratch_lock(stream_ref<host>) { return depot::ops::detail::shared_scratch_lock(); }
+  static std::size_t kept_instances() { return 0; }
 };
 
 #if DEPOT_HAS_CUDA
 struct depot::cuda::kokkos {
   using execution_space = Kokkos::Cuda;
   using memory_space = Kokkos::CudaSpace;
+  using table = depot::ops::detail::instance_table<execution_space, cudaStream_t>;
   static execution_space instance(stream_ref<cuda> s)
   {
     return s.is_default() ? execution_space{}
-                          : depot::ops::detail::instance_for<execution_space>(static_cast<cudaStream_t>(s.native()));
+                          : table::get(device_kind::cuda).instance(static_cast<cudaStream_t>(s.native()));
   }
+  static std::shared_ptr<std::mutex> scratch_lock(stream_ref<cuda> s)
+  {
+    return s.is_default() ? depot::ops::detail::shared_scratch_lock()
+                          : table::get(device_kind::cuda).scratch_lock(static_cast<cudaStream_t>(s.native()));
+  }
+  static std::size_t kept_instances() { return table::get(device_kind::cuda).size(); }
 };
 #endif
 
@@ -128,10 +204,17 @@ struct depot::cuda::kokkos {
 struct depot::hip::kokkos {
   using execution_space = depot::ops::detail::kokkos_hip;
   using memory_space = depot::ops::detail::kokkos_hip_space;
+  using table = depot::ops::detail::instance_table<execution_space, hipStream_t>;
   static execution_space instance(stream_ref<hip> s)
   {
     return s.is_default() ? execution_space{}
-                          : depot::ops::detail::instance_for<execution_space>(static_cast<hipStream_t>(s.native()));
+                          : table::get(device_kind::hip).instance(static_cast<hipStream_t>(s.native()));
   }
+  static std::shared_ptr<std::mutex> scratch_lock(stream_ref<hip> s)
+  {
+    return s.is_default() ? depot::ops::detail::shared_scratch_lock()
+                          : table::get(device_kind::hip).scratch_lock(static_cast<hipStream_t>(s.native()));
+  }
+  static std::size_t kept_instances() { return table::get(device_kind::hip).size(); }
 };
 #endif

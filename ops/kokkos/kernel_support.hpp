@@ -19,6 +19,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -174,42 +175,33 @@ void wait(stream_ref<D> stream)
   D::kokkos::instance(stream).fence();
 }
 
-// The lock of the Kokkos instance a stream's kernels run on (stripes of a fixed table, by
-// the stream's handle; the host's default instance serves every host stream: one).
-template <class D>
-std::mutex& instance_lock(stream_ref<D> stream) noexcept
-{
-  static std::array<std::mutex, 32> stripes;
-  const auto key = is_gpu_v<D> ? reinterpret_cast<std::uintptr_t>(stream.native()) : std::uintptr_t{0};
-  return stripes[static_cast<std::size_t>((key * std::uintptr_t{0x9E3779B97F4A7C15ULL}) >> 59U)];
-}
-
 // Held around a reduction or scan from its launch until its result is read: a Kokkos
 // instance keeps one scratch area (partial results, a scan's block sums, the reduced value
 // the host reads back), which launches on that instance from several threads share and
 // Kokkos 3.x does not guard (newer releases guard most of it: kokkos/kokkos#9291, a scan's
 // two kernels, was fixed in 2026). depot shares instances among threads: the default
 // stream's, a stream's own where several threads launch on it, and the per-thread default
-// stream's handle (0x2: one instance for every thread's stream). Also makes the host-thread
-// check (require_kokkos_host_thread). On the per-thread handle the threads' streams run at
-// once on the device, so finish() waits for the kernels before the lock goes to another.
+// stream's handle (0x2: one instance for every thread's stream). The lock is the instance's
+// own (D::kokkos::scratch_lock: one for the default stream's and the host's), so streams
+// with instances of their own never wait for each other. Also makes the host-thread check
+// (require_kokkos_host_thread). On the per-thread handle the threads' streams run at once
+// on the device, so finish() waits for the kernels before the lock goes to another.
 template <class D>
 class scratch_guard {
  public:
-  scratch_guard(stream_ref<D> stream, const char* what) : stream_{stream}
+  scratch_guard(stream_ref<D> stream, const char* what)
+      : stream_{stream}, mutex_{(require_kokkos_host_thread<D>(what), D::kokkos::scratch_lock(stream))}, lock_{*mutex_}
   {
-    require_kokkos_host_thread<D>(what);
-    lock_ = std::unique_lock<std::mutex>{instance_lock(stream)};
   }
   // Call once the kernels are launched where nothing after them waits for the stream.
   void finish()
   {
-    if (is_gpu_v<D> && reinterpret_cast<std::uintptr_t>(stream_.native()) == k_per_thread_handle) wait(stream_);
+    if (is_gpu_v<D> && stream_.is_per_thread()) wait(stream_);
   }
 
  private:
-  static constexpr std::uintptr_t k_per_thread_handle = 0x2;  // cudaStreamPerThread, hipStreamPerThread
   stream_ref<D> stream_;
+  std::shared_ptr<std::mutex> mutex_;  // (keeps the instance's entry: declared before lock_)
   std::unique_lock<std::mutex> lock_;
 };
 

@@ -21,6 +21,10 @@ class stream_ref {
 
   [[nodiscard]] constexpr native_stream native() const noexcept { return handle_; }
   [[nodiscard]] constexpr bool is_default() const noexcept { return handle_ == nullptr; }
+  // The per-thread default stream's handle (0x2): each thread that uses it means its own.
+  [[nodiscard]] bool is_per_thread() const noexcept { return is_per_thread_stream(handle_); }
+  // One of the backend's built-in streams (null, legacy, per-thread), never destroyed.
+  [[nodiscard]] bool is_built_in() const noexcept { return is_built_in_stream(handle_); }
 
   void synchronize() const { runtime<D>::synchronize_stream(handle_); }
   [[nodiscard]] bool ready() const { return runtime<D>::query_stream(handle_); }

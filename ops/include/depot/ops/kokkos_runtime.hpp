@@ -2,6 +2,7 @@
 // Part of depot: the memory layer for host, CUDA and HIP tensor data.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace depot::ops {
@@ -15,5 +16,12 @@ void ensure_kokkos();
 
 // "Kokkos 3.4.1: Cuda (device), OpenMP (host)": the version and execution spaces in use.
 [[nodiscard]] std::string kokkos_description();
+
+// How many streams of backend D have a Kokkos execution-space instance kept now: made on a
+// stream's first kernel, dropped as the stream closes (a depot::stream's destruction, or
+// stream_registry::closing() for a raw handle) or Kokkos finalises. The host's streams
+// share Kokkos' default instance: 0. D: depot::host, or an enabled GPU backend.
+template <class D>
+[[nodiscard]] std::size_t kept_instances();
 
 }  // namespace depot::ops
