@@ -163,9 +163,10 @@ class instance_table final : public stream_registry::watcher {
   bool hooked_ = false;
 };
 
-// The lock a reduction or scan on the default stream's instance (or the host's one
-// instance) holds: shared by every thread that launches there.
-inline std::shared_ptr<std::mutex> shared_scratch_lock()
+// The lock a reduction or scan on Exec's default instance (the default stream's, or the
+// host's one instance) holds: shared by every thread that launches there.
+template <class Exec>
+std::shared_ptr<std::mutex> shared_scratch_lock()
 {
   static std::mutex m;
   return {std::shared_ptr<void>{}, &m};
@@ -177,7 +178,10 @@ struct depot::host::kokkos {
   using memory_space = Kokkos::HostSpace;
   // Host streams complete work at once; the default instance serves them all.
   static execution_space instance(stream_ref<host>) { return execution_space{}; }
-  static std::shared_ptr<std::mutex> scratch_lock(stream_ref<host>) { return depot::ops::detail::shared_scratch_lock(); }
+  static std::shared_ptr<std::mutex> scratch_lock(stream_ref<host>)
+  {
+    return depot::ops::detail::shared_scratch_lock<execution_space>();
+  }
   static std::size_t kept_instances() { return 0; }
 };
 
@@ -193,7 +197,7 @@ struct depot::cuda::kokkos {
   }
   static std::shared_ptr<std::mutex> scratch_lock(stream_ref<cuda> s)
   {
-    return s.is_default() ? depot::ops::detail::shared_scratch_lock()
+    return s.is_default() ? depot::ops::detail::shared_scratch_lock<execution_space>()
                           : table::get(device_kind::cuda).scratch_lock(static_cast<cudaStream_t>(s.native()));
   }
   static std::size_t kept_instances() { return table::get(device_kind::cuda).size(); }
@@ -212,7 +216,7 @@ struct depot::hip::kokkos {
   }
   static std::shared_ptr<std::mutex> scratch_lock(stream_ref<hip> s)
   {
-    return s.is_default() ? depot::ops::detail::shared_scratch_lock()
+    return s.is_default() ? depot::ops::detail::shared_scratch_lock<execution_space>()
                           : table::get(device_kind::hip).scratch_lock(static_cast<hipStream_t>(s.native()));
   }
   static std::size_t kept_instances() { return table::get(device_kind::hip).size(); }
