@@ -290,6 +290,18 @@ TEST_CASE_TEMPLATE("hal: stream and event handles move and release", D, DEPOT_TE
   CHECK_FALSE(ref.is_default());
   CHECK(depot::stream_ref<D>{}.is_default());
   depot::stream_ref<D>{}.synchronize();  // the default stream
+  // The built-in handles (null, legacy 0x1, per-thread 0x2) told from a created stream's.
+  const auto handle = [](std::uintptr_t v) { return depot::stream_ref<D>{reinterpret_cast<depot::native_stream>(v)}; };
+  CHECK(depot::stream_ref<D>{}.is_built_in());
+  CHECK_FALSE(depot::stream_ref<D>{}.is_per_thread());
+  CHECK(handle(depot::legacy_stream_handle).is_built_in());
+  CHECK_FALSE(handle(depot::legacy_stream_handle).is_per_thread());
+  CHECK(handle(depot::per_thread_stream_handle).is_built_in());
+  CHECK(handle(depot::per_thread_stream_handle).is_per_thread());
+  CHECK_FALSE(handle(depot::per_thread_stream_handle).is_default());
+  CHECK_FALSE(handle(3).is_built_in());
+  CHECK_FALSE(ref.is_built_in());
+  CHECK_FALSE(ref.is_per_thread());
 
   depot::event<D> e1;
   const depot::native_event eh = e1.native();
