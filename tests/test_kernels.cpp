@@ -835,7 +835,7 @@ TEST_CASE_TEMPLATE("ops: a stream's Kokkos instance is dropped as the stream clo
   for (int r = 0; r < rounds; ++r) {
     CAPTURE(r);
     depot::stream<D> s;
-    // A kernel, a reduction and a scan (the scratch area's users), each result checked.
+    // A kernel, then a reduction and a scan (the scratch area's users: masked_select, its result checked).
     auto dst = depot::strided_view<double, D>::empty({n});
     depot::ops::fill(dst, 0.0, s.ref());
     const auto out = depot::ops::masked_select(src, mask, s.ref());
