@@ -24,10 +24,12 @@
 #include <depot/storage/strided_view.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace depot::bench {
@@ -137,6 +139,76 @@ nlohmann::json sweep_at(const options& opts, std::size_t bytes, double memset_gb
   return rows;
 }
 
+// The host's cost of queueing a kernel on one of many live streams (a GPU device): a fill
+// of 256 floats, each thread launching round-robin on its own share of the streams, against
+// the backend's memset of the same bytes queued the same way (no lookup of an execution-space
+// instance: the raw enqueue). Wall time per launch over `launches` launches per thread, after
+// one launch on every stream (which makes its Kokkos instance), median of opts.repetitions;
+// the streams synchronised after each run (not timed).
+template <device D>
+nlohmann::json launches_for(const options& opts)
+{
+  nlohmann::json rows = nlohmann::json::array();
+  if constexpr (is_gpu_v<D>) {
+    constexpr int launches = 2000;
+    std::printf("\n%s: queueing a kernel on one of N live streams, host us per launch (fill of 1 KiB; "
+                "memset of the same, the raw enqueue; median of %d runs of %d launches a thread)\n",
+                std::string{D::name}.c_str(), opts.repetitions, launches);
+    std::printf("  %8s %8s %10s %10s %8s\n", "streams", "threads", "fill us", "memset us", "ratio");
+    for (const int n_streams : {1, 16, 256}) {
+      std::vector<stream<D>> streams;
+      streams.reserve(static_cast<std::size_t>(n_streams));
+      for (int k = 0; k < n_streams; ++k) streams.emplace_back(0);
+      auto buf = strided_view<float, D>::empty({static_cast<std::int64_t>(n_streams) * row_floats});
+      std::vector<strided_view<float, D>> parts;  // (made once: a view's copy is a reference count)
+      for (int k = 0; k < n_streams; ++k) parts.push_back(buf.view({static_cast<std::int64_t>(n_streams), row_floats}).select(0, k));
+      for (int k = 0; k < n_streams; ++k) ops::fill(parts[static_cast<std::size_t>(k)], 0.0F, streams[static_cast<std::size_t>(k)].ref());
+      for (auto& st : streams) st.synchronize();
+      for (const int threads : {1, 4}) {
+        if (threads > n_streams) continue;
+        // One run: each thread t launches on streams t, t + threads, ... in turn.
+        const auto run = [&](bool fill) {
+          const auto t0 = std::chrono::steady_clock::now();
+          std::vector<std::thread> pool;
+          for (int t = 0; t < threads; ++t) {
+            pool.emplace_back([&, t] {
+              int k = t;
+              for (int i = 0; i < launches; ++i) {
+                const auto& st = streams[static_cast<std::size_t>(k)];
+                const auto& dst = parts[static_cast<std::size_t>(k)];
+                if (fill) {
+                  ops::fill(dst, 1.0F, st.ref());
+                } else {
+                  runtime<D>::set_async(dst.data(), 0, row_floats * sizeof(float), st.native());
+                }
+                k += threads;
+                if (k >= n_streams) k = t;
+              }
+            });
+          }
+          for (auto& th : pool) th.join();
+          const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+          for (auto& st : streams) st.synchronize();
+          return us / launches;
+        };
+        std::vector<double> fill_us, memset_us;
+        run(true);
+        run(false);
+        for (int r = 0; r < opts.repetitions; ++r) {
+          fill_us.push_back(run(true));
+          memset_us.push_back(run(false));
+        }
+        const double f = median(fill_us), m = median(memset_us);
+        std::printf("  %8d %8d %10.2f %10.2f %8.2f\n", n_streams, threads, f, m, f / m);
+        rows.push_back({{"device", std::string{D::name}}, {"operation", "launch on one of N streams"},
+                        {"streams", n_streams}, {"threads", threads}, {"launches", launches},
+                        {"fill_us", f}, {"memset_us", m}, {"ratio", f / m}});
+      }
+    }
+  }
+  return rows;
+}
+
 template <device D>
 nlohmann::json ops_for(const options& opts)
 {
@@ -215,6 +287,7 @@ nlohmann::json ops_for(const options& opts)
       for (auto& row : sweep_at<D>(opts, bytes, memset_gbps, memcpy_gbps, rng)) rows.push_back(row);
     }
   }
+  for (auto& row : launches_for<D>(opts)) rows.push_back(row);
   return rows;
 }
 

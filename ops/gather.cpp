@@ -25,7 +25,7 @@ void check_indices_typed(const array_ref& index, std::int64_t extent, int dim, s
   std::int64_t first_bad = n;
   const scratch_guard<D> guard{stream, "depot::check_indices"};
   Kokkos::parallel_reduce(
-      "depot::check_indices", make_range<D, std::int64_t>(stream, n),
+      "depot::check_indices", guard.range_of(n),
       KOKKOS_LAMBDA(std::int64_t i, std::int64_t & lowest) {
         std::int64_t off[1];
         s.offsets(i, off);
@@ -33,11 +33,11 @@ void check_indices_typed(const array_ref& index, std::int64_t extent, int dim, s
         if ((v < -extent || v >= extent) && i < lowest) lowest = i;
       },
       Kokkos::Min<std::int64_t>(first_bad));
-  wait(stream);
+  guard.wait();
   if (first_bad < n) {
     std::int64_t off[1];
     s.offsets(first_bad, off);
-    const X bad = read_one<D>(p + off[0], stream);
+    const X bad = read_one(p + off[0], guard);
     throw index_error(static_cast<std::int64_t>(bad), dim, extent, first_bad);
   }
 }
@@ -146,7 +146,7 @@ void check_offsets(const array_ref& offsets, std::int64_t lo, std::int64_t hi, s
   std::int64_t first_bad = n;
   const scratch_guard<D> guard{stream, "depot::check_offsets"};
   Kokkos::parallel_reduce(
-      "depot::check_offsets", make_range<D, std::int64_t>(stream, n),
+      "depot::check_offsets", guard.range_of(n),
       KOKKOS_LAMBDA(std::int64_t i, std::int64_t & lowest) {
         std::int64_t off[1];
         s.offsets(i, off);
@@ -154,11 +154,11 @@ void check_offsets(const array_ref& offsets, std::int64_t lo, std::int64_t hi, s
         if ((v < lo || v > hi) && i < lowest) lowest = i;
       },
       Kokkos::Min<std::int64_t>(first_bad));
-  wait(stream);
+  guard.wait();
   if (first_bad < n) {
     std::int64_t off[1];
     s.offsets(first_bad, off);
-    const std::int64_t bad = read_one<D>(p + off[0], stream);
+    const std::int64_t bad = read_one(p + off[0], guard);
     throw invalid_argument("depot: element offset " + std::to_string(bad) + " at position " +
                            std::to_string(first_bad) + " is outside the valid range [" + std::to_string(lo) +
                            ", " + std::to_string(hi) + "]");

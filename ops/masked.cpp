@@ -29,8 +29,8 @@ void select_kernel(const array_ref& dst, const array_ref& src, const array_ref& 
   const auto* v = static_cast<const U*>(src.data);
   const auto* m = static_cast<const std::uint8_t*>(mask.data);
   const I n = static_cast<I>(src.numel());
-  scratch_guard<D> guard{stream, "depot::masked_select"};
-  Kokkos::parallel_scan("depot::masked_select", make_range<D, I>(stream, n),
+  const scratch_guard<D> guard{stream, "depot::masked_select"};
+  Kokkos::parallel_scan("depot::masked_select", guard.range_of(n),
                         KOKKOS_LAMBDA(I i, I & before, const bool final) {
                           I off[2] = {i, i};
                           if (!dense) s.offsets(i, off);
@@ -88,7 +88,7 @@ void select_dense_gpu(U* dst, std::int64_t dst_len, const U* src, const std::uin
     std::int64_t* counts = buf.template as<std::int64_t>();
     using policy = Kokkos::TeamPolicy<exec_space<D>>;
     using member = typename policy::member_type;
-    const auto inst = D::kokkos::instance(stream);
+    const auto& inst = guard.instance();
     Kokkos::parallel_for("depot::masked_select_count", policy(inst, static_cast<int>(chunks), select_team),
                          KOKKOS_LAMBDA(const member& t) {
                            const std::int64_t base = t.league_rank() * select_chunk + std::int64_t{t.team_rank()} * select_per_thread;
@@ -96,7 +96,7 @@ void select_dense_gpu(U* dst, std::int64_t dst_len, const U* src, const std::uin
                            const std::int64_t before = t.team_scan(c);
                            if (t.team_rank() == t.team_size() - 1) counts[t.league_rank()] = before + c;
                          });
-    Kokkos::parallel_scan("depot::masked_select_scan", make_range<D, std::int64_t>(stream, chunks),
+    Kokkos::parallel_scan("depot::masked_select_scan", guard.range_of(chunks),
                           KOKKOS_LAMBDA(std::int64_t i, std::int64_t & running, const bool final) {
                             const std::int64_t c = counts[i];
                             if (final) {
@@ -105,7 +105,7 @@ void select_dense_gpu(U* dst, std::int64_t dst_len, const U* src, const std::uin
                             }
                             running += c;
                           });
-    const std::int64_t selected = read_one<D>(counts + chunks, stream);
+    const std::int64_t selected = read_one(counts + chunks, guard);
     DEPOT_EXPECTS(dst_len == selected, "depot::masked_select: the destination has " + std::to_string(dst_len) +
                                            " elements but the mask selects " + std::to_string(selected));
     if (selected == 0) return;
@@ -171,25 +171,25 @@ std::int64_t kernels::count_true(const array_ref& mask, stream_ref<D> stream)
     // Runs of 16 mask bytes, each one 16-byte load where aligned.
     const std::int64_t runs = (n + ops::detail::select_per_thread - 1) / ops::detail::select_per_thread;
     Kokkos::parallel_reduce(
-        "depot::count_true", ops::detail::make_range<D, std::int64_t>(stream, runs),
+        "depot::count_true", guard.range_of(runs),
         KOKKOS_LAMBDA(std::int64_t r, std::int64_t & c) {
           c += ops::detail::count_run(m, r * ops::detail::select_per_thread, n);
         },
         count);
-    ops::detail::wait(stream);
+    guard.wait();
     return count;
   }
   const array_ref* arrays[1] = {&mask};
   const auto s = ops::detail::coalesce<1>(arrays);
   Kokkos::parallel_reduce(
-      "depot::count_true", ops::detail::make_range<D, std::int64_t>(stream, n),
+      "depot::count_true", guard.range_of(n),
       KOKKOS_LAMBDA(std::int64_t i, std::int64_t & c) {
         std::int64_t off[1];
         s.offsets(i, off);
         c += m[off[0]] != 0 ? 1 : 0;
       },
       count);
-  ops::detail::wait(stream);
+  guard.wait();
   return count;
 }
 

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -863,4 +864,78 @@ TEST_CASE_TEMPLATE("ops: a stream's Kokkos instance is dropped as the stream clo
     const auto h = src.to_host_vector();
     CHECK(std::count(h.begin(), h.end(), 3.0) == n);
   }
+}
+
+// Many live streams at once: each keeps one instance, found by every thread that launches
+// on it (threads launching on the same streams at once), and each goes as its stream closes,
+// in any order, the others' still serving. (The instances are made on this thread: Kokkos
+// 3.x with the OpenMP host backend makes one on the thread that initialised it alone.)
+TEST_CASE_TEMPLATE("ops: many live streams keep one instance each, closed in any order", D, DEPOT_TEST_DEVICES)
+{
+  depot::ops::ensure_kokkos();
+  constexpr int n_streams = 16;
+  constexpr int threads = 4;
+  constexpr std::int64_t per = 256;  // elements of each (thread, stream) slice
+  std::mt19937_64 rng{depot::test::seed("ops many streams", 1207)};
+  const std::size_t before = depot::ops::kept_instances<D>();
+  const std::size_t one = depot::is_gpu_v<D> ? 1 : 0;
+  std::vector<std::unique_ptr<depot::stream<D>>> streams;
+  for (int k = 0; k < n_streams; ++k) streams.push_back(std::make_unique<depot::stream<D>>());
+  auto out = depot::strided_view<double, D>::empty({threads, n_streams, per});
+  depot::ops::fill(out, -1.0);
+  depot::synchronize<D>();
+  // First kernels in a shuffled order (the table's sorted slots filled out of order).
+  std::vector<int> order(n_streams);
+  for (int k = 0; k < n_streams; ++k) order[static_cast<std::size_t>(k)] = k;
+  std::shuffle(order.begin(), order.end(), rng);
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const int k = order[i];
+    depot::ops::fill(out.select(0, 0).select(0, k), 0.0, streams[static_cast<std::size_t>(k)]->ref());
+    REQUIRE(depot::ops::kept_instances<D>() == before + one * (i + 1));
+  }
+  // Every thread on every stream, all at once: thread t writes t * 100 + k on stream k.
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        for (int j = 0; j < n_streams; ++j) {
+          const int k = (j + t * 5 + round) % n_streams;
+          depot::ops::fill(out.select(0, t).select(0, k), t * 100.0 + k, streams[static_cast<std::size_t>(k)]->ref());
+        }
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (auto& s : streams) s->synchronize();
+  CHECK(depot::ops::kept_instances<D>() == before + one * n_streams);
+  const auto h = out.to_host_vector();
+  for (int t = 0; t < threads; ++t) {
+    for (int k = 0; k < n_streams; ++k) {
+      const auto at = h.begin() + (static_cast<std::ptrdiff_t>(t) * n_streams + k) * per;
+      CHECK_MESSAGE(std::count(at, at + per, t * 100.0 + k) == per, "thread " << t << ", stream " << k);
+    }
+  }
+  // Closed in another order; after each, every stream left still launches (a reduction and a scan too).
+  auto mask = depot::strided_view<bool, D>::empty({per});
+  depot::ops::fill(mask, true);
+  depot::synchronize<D>();
+  std::shuffle(order.begin(), order.end(), rng);
+  std::size_t left = n_streams;
+  for (const int k : order) {
+    streams[static_cast<std::size_t>(k)].reset();
+    --left;
+    REQUIRE(depot::ops::kept_instances<D>() == before + one * left);
+    for (int j = 0; j < n_streams; ++j) {
+      if (streams[static_cast<std::size_t>(j)] == nullptr) continue;
+      const auto& s = *streams[static_cast<std::size_t>(j)];
+      const auto row = out.select(0, 1).select(0, j);
+      depot::ops::fill(row, static_cast<double>(left), s.ref());
+      const auto picked = depot::ops::masked_select(row, mask, s.ref());
+      s.synchronize();
+      REQUIRE(picked.numel() == per);
+      const auto v = picked.to_host_vector();
+      REQUIRE(std::count(v.begin(), v.end(), static_cast<double>(left)) == per);
+    }
+  }
+  CHECK(depot::ops::kept_instances<D>() == before);
 }

@@ -13,13 +13,16 @@
 #include <depot/hal/stream_ref.hpp>
 #include <depot/hal/stream_registry.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <shared_mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #if DEPOT_HAS_CUDA && !defined(KOKKOS_ENABLE_CUDA)
 #error "depot was configured with -Dgpu=cuda but this Kokkos has no CUDA backend"
@@ -29,6 +32,15 @@
 #endif
 
 namespace depot::ops::detail {
+// A stream's execution-space instance with the lock of its scratch area (scratch_guard):
+// found once per reduction or scan, then handed to its kernels. The lock's owner keeps the
+// instance alive while it is held (a stream closing meanwhile frees it as the lock goes).
+template <class Exec>
+struct locked_instance {
+  Exec exec;
+  std::shared_ptr<std::mutex> lock;
+};
+
 #if defined(KOKKOS_ENABLE_HIP)
 #if KOKKOS_VERSION >= 40000
 using kokkos_hip = Kokkos::HIP;
@@ -66,21 +78,24 @@ inline std::string instance_hint()
 // or closing() by a raw handle's owner) or Kokkos finalises: making one allocates device
 // scratch memory (Kokkos 3.x: four allocations and a memset), far too slow per launch.
 // Kept for every stream ever used, they grew without bound in a program that makes and
-// destroys streams (their memory, and the list each launch walks). Each has its own lock
-// for its scratch area (scratch_guard). Thread-safe; never destroyed (streams close during
-// static destruction too). A refusal by Kokkos is a depot::error naming the stream (and
-// instance_hint's cause).
+// destroys streams. Each has its own lock for its scratch area (scratch_guard). Thread-safe:
+// a launch finds its stream's instance under a shared lock, by binary search (threads that
+// launch at once do not wait for each other, and the cost grows as log n of the live
+// streams, where a list walked under one mutex grew as n); a stream's first kernel, its
+// closing and Kokkos' finalisation take the lock alone. Never destroyed (streams close
+// during static destruction too). A refusal by Kokkos is a depot::error naming the stream
+// (and instance_hint's cause).
 template <class Exec, class Native>
 class instance_table final : public stream_registry::watcher {
  public:
-  // A singly linked list, not a std::map: hipcc 5.2's clang crashes instantiating std::map
-  // of a Kokkos execution space in device compilation. Entries are shared with the
-  // scratch_guards that hold their lock, so a stream closing meanwhile frees none in use.
+  // Entries are shared with the scratch_guards that hold their lock, so a stream closing
+  // meanwhile frees none in use. (No std::map: hipcc 5.2's clang crashes instantiating
+  // std::map of a Kokkos execution space in device compilation; the sorted vector holds
+  // pointers to entries, never an execution space by value.)
   struct entry {
     Native stream;
     Exec exec;
     std::mutex scratch;
-    std::shared_ptr<entry> next;
   };
 
   static instance_table& get(device_kind kind)
@@ -95,18 +110,17 @@ class instance_table final : public stream_registry::watcher {
   explicit instance_table(device_kind kind) noexcept : kind_{kind} {}
 
   Exec instance(Native stream) { return find(stream)->exec; }
-  // The lock of the stream's instance's scratch area, which keeps the instance alive.
-  std::shared_ptr<std::mutex> scratch_lock(Native stream)
+  // The stream's instance and the lock of its scratch area (which keeps it alive): one lookup.
+  locked_instance<Exec> locked(Native stream)
   {
     std::shared_ptr<entry> e = find(stream);
-    return {e, &e->scratch};
+    std::mutex* const m = &e->scratch;
+    return {e->exec, std::shared_ptr<std::mutex>{std::move(e), m}};
   }
   [[nodiscard]] std::size_t size() const
   {
-    const std::lock_guard<std::mutex> lock{mu_};
-    std::size_t n = 0;
-    for (const entry* e = head_.get(); e != nullptr; e = e->next.get()) ++n;
-    return n;
+    const std::shared_lock<std::shared_mutex> lock{mu_};
+    return by_stream_.size();
   }
 
   void stream_closing(device_id device, native_stream stream) noexcept override
@@ -114,13 +128,11 @@ class instance_table final : public stream_registry::watcher {
     if (device.kind != kind_) return;
     std::shared_ptr<entry> gone;
     {
-      const std::lock_guard<std::mutex> lock{mu_};
-      for (std::shared_ptr<entry>* at = &head_; *at != nullptr; at = &(*at)->next) {
-        if (static_cast<native_stream>((*at)->stream) == stream) {
-          gone = std::move(*at);
-          *at = std::move(gone->next);
-          break;
-        }
+      const std::unique_lock<std::shared_mutex> lock{mu_};
+      const auto it = at(static_cast<Native>(stream));
+      if (it != by_stream_.end() && it->first == static_cast<Native>(stream)) {
+        gone = std::move(it->second);
+        by_stream_.erase(it);  // (moves pointers: no throw)
       }
     }
     // Freed here, outside the lock (its scratch memory given back while the stream is still
@@ -128,23 +140,40 @@ class instance_table final : public stream_registry::watcher {
   }
 
  private:
+  using slot = std::pair<Native, std::shared_ptr<entry>>;
+  // The first slot whose stream is not below `stream` (caller holds mu_, either way).
+  typename std::vector<slot>::iterator at(Native stream)
+  {
+    return std::lower_bound(by_stream_.begin(), by_stream_.end(), stream,
+                            [](const slot& e, Native s) { return std::less<Native>{}(e.first, s); });
+  }
+
   std::shared_ptr<entry> find(Native stream)
   {
-    const std::lock_guard<std::mutex> lock{mu_};
+    {
+      const std::shared_lock<std::shared_mutex> lock{mu_};
+      if (const auto it = at(stream); it != by_stream_.end() && it->first == stream) return it->second;
+    }
+    const std::unique_lock<std::shared_mutex> lock{mu_};
     if (!hooked_) {
       Kokkos::push_finalize_hook([this] {
-        const std::lock_guard<std::mutex> l{mu_};
-        while (head_ != nullptr) head_ = std::move(head_->next);
-        hooked_ = false;
+        std::vector<slot> gone;
+        {
+          const std::unique_lock<std::shared_mutex> l{mu_};
+          gone.swap(by_stream_);
+          hooked_ = false;
+        }
       });
       hooked_ = true;
     }
-    for (std::shared_ptr<entry>* at = &head_; *at != nullptr; at = &(*at)->next) {
-      if ((*at)->stream == stream) return *at;
+    const auto it = at(stream);  // (another thread may have made it meanwhile)
+    if (it != by_stream_.end() && it->first == stream) return it->second;
+    if (by_stream_.size() == by_stream_.capacity()) {  // (may throw std::bad_alloc: nothing made yet)
+      by_stream_.reserve(std::max<std::size_t>(8, by_stream_.size() * 2));
     }
     std::shared_ptr<entry> made;
     try {
-      made = std::shared_ptr<entry>(new entry{stream, Exec{stream}, {}, head_});
+      made = std::shared_ptr<entry>(new entry{stream, Exec{stream}, {}});
     } catch (const std::bad_alloc&) {
       throw;
     } catch (const std::exception& e) {  // Kokkos refused (its runtime_error): said plainly
@@ -153,23 +182,23 @@ class instance_table final : public stream_registry::watcher {
                              instance_hint(),
                          "Kokkos execution-space instance for a stream", __FILE__, __LINE__, 0, "kokkos_instance");
     }
-    head_ = made;
+    by_stream_.emplace(at(stream), stream, made);  // (reserved: no throw)
     return made;
   }
 
   device_kind kind_;
-  mutable std::mutex mu_;
-  std::shared_ptr<entry> head_;
+  mutable std::shared_mutex mu_;
+  std::vector<slot> by_stream_;  // sorted by stream
   bool hooked_ = false;
 };
 
-// The lock a reduction or scan on Exec's default instance (the default stream's, or the
-// host's one instance) holds: shared by every thread that launches there.
+// Exec's default instance (the default stream's, or the host's one instance) with the lock
+// a reduction or scan there holds: shared by every thread that launches there.
 template <class Exec>
-std::shared_ptr<std::mutex> shared_scratch_lock()
+locked_instance<Exec> default_locked()
 {
   static std::mutex m;
-  return {std::shared_ptr<void>{}, &m};
+  return {Exec{}, std::shared_ptr<std::mutex>{std::shared_ptr<void>{}, &m}};
 }
 }  // namespace depot::ops::detail
 
@@ -178,9 +207,9 @@ struct depot::host::kokkos {
   using memory_space = Kokkos::HostSpace;
   // Host streams complete work at once; the default instance serves them all.
   static execution_space instance(stream_ref<host>) { return execution_space{}; }
-  static std::shared_ptr<std::mutex> scratch_lock(stream_ref<host>)
+  static depot::ops::detail::locked_instance<execution_space> locked_instance(stream_ref<host>)
   {
-    return depot::ops::detail::shared_scratch_lock<execution_space>();
+    return depot::ops::detail::default_locked<execution_space>();
   }
   static std::size_t kept_instances() { return 0; }
 };
@@ -195,10 +224,10 @@ struct depot::cuda::kokkos {
     return s.is_default() ? execution_space{}
                           : table::get(device_kind::cuda).instance(static_cast<cudaStream_t>(s.native()));
   }
-  static std::shared_ptr<std::mutex> scratch_lock(stream_ref<cuda> s)
+  static depot::ops::detail::locked_instance<execution_space> locked_instance(stream_ref<cuda> s)
   {
-    return s.is_default() ? depot::ops::detail::shared_scratch_lock<execution_space>()
-                          : table::get(device_kind::cuda).scratch_lock(static_cast<cudaStream_t>(s.native()));
+    return s.is_default() ? depot::ops::detail::default_locked<execution_space>()
+                          : table::get(device_kind::cuda).locked(static_cast<cudaStream_t>(s.native()));
   }
   static std::size_t kept_instances() { return table::get(device_kind::cuda).size(); }
 };
@@ -214,10 +243,10 @@ struct depot::hip::kokkos {
     return s.is_default() ? execution_space{}
                           : table::get(device_kind::hip).instance(static_cast<hipStream_t>(s.native()));
   }
-  static std::shared_ptr<std::mutex> scratch_lock(stream_ref<hip> s)
+  static depot::ops::detail::locked_instance<execution_space> locked_instance(stream_ref<hip> s)
   {
-    return s.is_default() ? depot::ops::detail::shared_scratch_lock<execution_space>()
-                          : table::get(device_kind::hip).scratch_lock(static_cast<hipStream_t>(s.native()));
+    return s.is_default() ? depot::ops::detail::default_locked<execution_space>()
+                          : table::get(device_kind::hip).locked(static_cast<hipStream_t>(s.native()));
   }
   static std::size_t kept_instances() { return table::get(device_kind::hip).size(); }
 };

@@ -16,7 +16,6 @@
 #include <depot/storage/array_ref.hpp>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -182,28 +181,48 @@ void wait(stream_ref<D> stream)
 // two kernels, was fixed in 2026). depot shares instances among threads: the default
 // stream's, a stream's own where several threads launch on it, and the per-thread default
 // stream's handle (0x2: one instance for every thread's stream). The lock is the instance's
-// own (D::kokkos::scratch_lock: one for the default stream's and the host's), so streams
-// with instances of their own never wait for each other. Also makes the host-thread check
-// (require_kokkos_host_thread). On the per-thread handle the threads' streams run at once
-// on the device, so finish() waits for the kernels before the lock goes to another.
+// own (D::kokkos::locked_instance: one for the default stream's and the host's), so streams
+// with instances of their own never wait for each other. The guard finds the instance once
+// and hands it to the kernels it guards (range, instance, wait). Also makes the host-thread
+// check (require_kokkos_host_thread). On the per-thread handle the threads' streams run at
+// once on the device, so finish() waits for the kernels before the lock goes to another.
 template <class D>
 class scratch_guard {
  public:
   scratch_guard(stream_ref<D> stream, const char* what)
-      : stream_{stream}, mutex_{(require_kokkos_host_thread<D>(what), D::kokkos::scratch_lock(stream))}, lock_{*mutex_}
+      : stream_{stream}, held_{(require_kokkos_host_thread<D>(what), D::kokkos::locked_instance(stream))},
+        lock_{*held_.lock}
   {
   }
-  // Call once the kernels are launched where nothing after them waits for the stream.
-  void finish()
+  // The guarded instance, a range of n on it, and a wait for its work.
+  [[nodiscard]] const exec_space<D>& instance() const noexcept { return held_.exec; }
+  template <class I>
+  [[nodiscard]] range<D, I> range_of(I n) const
   {
-    if (is_gpu_v<D> && stream_.is_per_thread()) wait(stream_);
+    return range<D, I>(held_.exec, I{0}, n);
+  }
+  void wait() const { held_.exec.fence(); }
+  // Call once the kernels are launched where nothing after them waits for the stream.
+  void finish() const
+  {
+    if (is_gpu_v<D> && stream_.is_per_thread()) wait();
   }
 
  private:
   stream_ref<D> stream_;
-  std::shared_ptr<std::mutex> mutex_;  // (keeps the instance's entry: declared before lock_)
+  locked_instance<exec_space<D>> held_;  // (its lock keeps the instance's entry: declared before lock_)
   std::unique_lock<std::mutex> lock_;
 };
+
+// One element of device memory to the host, once the guarded instance's work is done.
+template <class D, class T>
+T read_one(const T* device_ptr, const scratch_guard<D>& guard)
+{
+  guard.wait();
+  T v{};
+  runtime<D>::copy(&v, device_ptr, sizeof(T));
+  return v;
+}
 
 // Validates an index array (int32 or int64, any shape/strides) against `extent`: every
 // value in [-extent, extent). On failure throws depot::index_error with the first bad
