@@ -13,17 +13,22 @@
 #include <depot/hal/out_of_memory.hpp>
 #include <depot/hal/runtime.hpp>
 #include <depot/hal/stream.hpp>
+#include <depot/hal/stream_keyed.hpp>
+#include <depot/hal/stream_registry.hpp>
 
 // The shared GPU code's templates, exercised here with stand-in name tables (no GPU needed).
 #include "../hal/gpu/gpu_runtime_impl.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -579,4 +584,134 @@ TEST_CASE_TEMPLATE("hal: virtual memory reserves, maps page by page, unmaps and 
   CHECK_THROWS_AS((void)rt::vm_reserve(0, 0), depot::invalid_argument);
   CHECK_THROWS_AS((void)rt::vm_page(rt::device_count()), depot::invalid_argument);
   CHECK_THROWS_AS((void)rt::vm_map(nullptr, page, 0), depot::invalid_argument);
+}
+
+namespace {
+// A value kept per stream by stream_keyed: counts those alive, knows its stream.
+struct keyed_probe {
+  static inline std::atomic<int> alive{0};
+  explicit keyed_probe(depot::native_stream s) noexcept : stream{s} { ++alive; }
+  keyed_probe(const keyed_probe&) = delete;
+  keyed_probe& operator=(const keyed_probe&) = delete;
+  ~keyed_probe() { --alive; }
+  depot::native_stream stream;
+};
+// Watching for as long as it lives (unwatched before the table goes, also on failure).
+struct watched {
+  explicit watched(depot::stream_registry::watcher* w) : w_{w} { depot::stream_registry::watch(w); }
+  watched(const watched&) = delete;
+  watched& operator=(const watched&) = delete;
+  ~watched() { depot::stream_registry::unwatch(w_); }
+  depot::stream_registry::watcher* w_;
+};
+}  // namespace
+
+// stream_keyed (ops/ keeps each stream's Kokkos instance in one): one value per live stream,
+// made once however many threads ask at once, dropped as its stream closes in any order, a
+// held one outliving its stream, another backend's closing ignored, a failed make keeping
+// nothing; threads looking up while others' streams close.
+TEST_CASE_TEMPLATE("hal: stream_keyed keeps one value per live stream and drops it as the stream closes", D,
+                   DEPOT_TEST_DEVICES)
+{
+  depot::stream_keyed<keyed_probe> table{D::kind};
+  const watched w{&table};
+  std::mt19937_64 rng{depot::test::seed("hal stream_keyed", 1207)};
+  std::atomic<int> made{0};
+  const auto get = [&](depot::native_stream s) {
+    return table.get(s, [&, s] {
+      ++made;
+      return std::make_shared<keyed_probe>(s);
+    });
+  };
+  const int alive_before = keyed_probe::alive.load();
+  constexpr int n = 32;
+  std::vector<std::unique_ptr<depot::stream<D>>> streams;
+  for (int k = 0; k < n; ++k) streams.push_back(std::make_unique<depot::stream<D>>());
+  std::vector<int> order(n);
+  for (int k = 0; k < n; ++k) order[static_cast<std::size_t>(k)] = k;
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<keyed_probe*> first(n);
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const int k = order[i];
+    const auto v = get(streams[static_cast<std::size_t>(k)]->native());
+    REQUIRE(v->stream == streams[static_cast<std::size_t>(k)]->native());
+    first[static_cast<std::size_t>(k)] = v.get();
+    REQUIRE(table.size() == i + 1);
+  }
+  CHECK(made.load() == n);
+  // Four threads at once, each stream's value the one made first, none made again.
+  {
+    std::vector<std::thread> threads;
+    std::atomic<int> wrong{0};
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937_64 r{static_cast<std::uint64_t>(t) + 1};
+        for (int i = 0; i < 5000; ++i) {
+          const auto k = static_cast<std::size_t>(r() % n);
+          if (get(streams[k]->native()).get() != first[k]) ++wrong;
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    CHECK(wrong.load() == 0);
+    CHECK(made.load() == n);
+  }
+  // Another backend's closing of the same handle drops nothing.
+  const depot::device_kind other = D::kind == depot::device_kind::host ? depot::device_kind::cuda : depot::device_kind::host;
+  depot::stream_registry::closing(depot::device_id{other, 0}, streams[0]->native());
+  CHECK(table.size() == n);
+  // A held value outlives its stream's closing; the table forgets it at once.
+  std::shared_ptr<keyed_probe> held = get(streams[3]->native());
+  streams[3].reset();
+  CHECK(table.size() == n - 1);
+  CHECK(keyed_probe::alive.load() == alive_before + n);
+  held.reset();
+  CHECK(keyed_probe::alive.load() == alive_before + n - 1);
+  // A make that throws keeps nothing; the next get makes it.
+  depot::stream<D> fresh;
+  CHECK_THROWS_AS(table.get(fresh.native(), []() -> std::shared_ptr<keyed_probe> { throw std::runtime_error("no"); }),
+                  std::runtime_error);
+  CHECK(table.size() == n - 1);
+  CHECK(get(fresh.native())->stream == fresh.native());
+  CHECK(table.size() == n);
+  // The rest closed in another order while two threads look up the streams still open (each
+  // thread's streams are its own half; the closing thread is this one).
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<int> closing_order;
+  for (const int k : order) {
+    if (k != 3 && k % 2 == 0) closing_order.push_back(k);
+  }
+  {
+    std::atomic<bool> done{false};
+    std::atomic<int> wrong{0};
+    std::vector<std::thread> readers;
+    for (int t = 0; t < 2; ++t) {
+      readers.emplace_back([&, t] {
+        while (!done.load()) {
+          for (int k = 1 + 2 * t; k < n; k += 4) {  // odd streams: never closed meanwhile
+            if (k == 3) continue;
+            if (get(streams[static_cast<std::size_t>(k)]->native()).get() != first[static_cast<std::size_t>(k)]) ++wrong;
+          }
+        }
+      });
+    }
+    std::size_t left = table.size();
+    for (const int k : closing_order) {
+      streams[static_cast<std::size_t>(k)].reset();
+      --left;
+      REQUIRE(table.size() == left);
+    }
+    done = true;
+    for (auto& th : readers) th.join();
+    CHECK(wrong.load() == 0);
+  }
+  CHECK(made.load() == n + 1);
+  // clear() drops every value; a raw handle's closing() drops its own.
+  const depot::native_stream raw = depot::runtime<D>::create_stream(0);
+  CHECK(get(raw)->stream == raw);
+  depot::stream_registry::closing(depot::device_id::of<D>(0), raw);
+  depot::runtime<D>::destroy_stream(raw, 0);
+  table.clear();
+  CHECK(table.size() == 0);
+  CHECK(keyed_probe::alive.load() == alive_before);
 }

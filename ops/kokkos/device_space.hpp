@@ -11,19 +11,17 @@
 #include <depot/hal/device.hpp>
 #include <depot/hal/error.hpp>
 #include <depot/hal/stream_ref.hpp>
+#include <depot/hal/stream_keyed.hpp>
 #include <depot/hal/stream_registry.hpp>
 
-#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
-#include <shared_mutex>
 #include <string>
 #include <utility>
-#include <vector>
 
 #if DEPOT_HAS_CUDA && !defined(KOKKOS_ENABLE_CUDA)
 #error "depot was configured with -Dgpu=cuda but this Kokkos has no CUDA backend"
@@ -75,24 +73,21 @@ inline std::string instance_hint()
 }
 
 // The execution-space instances of a GPU backend's streams, each made on the stream's first
-// kernel and kept until the stream closes (stream_registry: a depot::stream's destruction,
-// or closing() by a raw handle's owner) or Kokkos finalises: making one allocates device
-// scratch memory (Kokkos 3.x: four allocations and a memset), far too slow per launch.
-// Kept for every stream ever used, they grew without bound in a program that makes and
-// destroys streams. Each has its own lock for its scratch area (scratch_guard). Thread-safe:
-// a launch finds its stream's instance under a shared lock, by binary search (threads that
-// launch at once do not wait for each other, and the cost grows as log n of the live
-// streams, where a list walked under one mutex grew as n); a stream's first kernel, its
-// closing and Kokkos' finalisation take the lock alone. Never destroyed (streams close
-// during static destruction too). A refusal by Kokkos is a depot::error naming the stream
-// (and instance_hint's cause).
+// kernel and kept until the stream closes (a depot::stream's destruction, or closing() by a
+// raw handle's owner) or Kokkos finalises: making one allocates device scratch memory
+// (Kokkos 3.x: four allocations and a memset), far too slow per launch. Kept for every
+// stream ever used, they grew without bound in a program that makes and destroys streams.
+// Each has its own lock for its scratch area (scratch_guard). Thread-safe: a launch finds
+// its stream's instance by stream_keyed's shared lock and binary search (threads that launch
+// at once do not wait for each other). Never destroyed (streams close during static
+// destruction too). A refusal by Kokkos is a depot::error naming the stream (and
+// instance_hint's cause).
 template <class Exec, class Native>
-class instance_table final : public stream_registry::watcher {
+class instance_table {
  public:
   // Entries are shared with the scratch_guards that hold their lock, so a stream closing
-  // meanwhile frees none in use. (No std::map: hipcc 5.2's clang crashes instantiating
-  // std::map of a Kokkos execution space in device compilation; the sorted vector holds
-  // pointers to entries, never an execution space by value.)
+  // meanwhile frees none in use. (Held by pointer: hipcc 5.2's clang crashes instantiating
+  // std::map of a Kokkos execution space in device compilation.)
   struct entry {
     Native stream;
     Exec exec;
@@ -103,12 +98,12 @@ class instance_table final : public stream_registry::watcher {
   {
     static instance_table* const table = [kind] {
       auto t = std::make_unique<instance_table>(kind);
-      stream_registry::watch(t.get());  // (may throw std::bad_alloc: tried again next time)
+      stream_registry::watch(&t->kept_);  // (may throw std::bad_alloc: tried again next time)
       return t.release();
     }();
     return *table;
   }
-  explicit instance_table(device_kind kind) noexcept : kind_{kind} {}
+  explicit instance_table(device_kind kind) noexcept : kept_{kind} {}
 
   Exec instance(Native stream) { return find(stream)->exec; }
   // The stream's instance and the lock of its scratch area (which keeps it alive): one lookup.
@@ -118,79 +113,40 @@ class instance_table final : public stream_registry::watcher {
     std::mutex* const m = &e->scratch;
     return {e->exec, std::shared_ptr<std::mutex>{std::move(e), m}};
   }
-  [[nodiscard]] std::size_t size() const
-  {
-    const std::shared_lock<std::shared_mutex> lock{mu_};
-    return by_stream_.size();
-  }
-
-  void stream_closing(device_id device, native_stream stream) noexcept override
-  {
-    if (device.kind != kind_) return;
-    std::shared_ptr<entry> gone;
-    {
-      const std::unique_lock<std::shared_mutex> lock{mu_};
-      const auto it = at(static_cast<Native>(stream));
-      if (it != by_stream_.end() && it->first == static_cast<Native>(stream)) {
-        gone = std::move(it->second);
-        by_stream_.erase(it);  // (moves pointers: no throw)
-      }
-    }
-    // Freed here, outside the lock (its scratch memory given back while the stream is still
-    // valid), unless a scratch_guard holds it: then as that lets go.
-  }
+  [[nodiscard]] std::size_t size() const { return kept_.size(); }
 
  private:
-  using slot = std::pair<Native, std::shared_ptr<entry>>;
-  // The first slot whose stream is not below `stream` (caller holds mu_, either way).
-  typename std::vector<slot>::iterator at(Native stream)
-  {
-    return std::lower_bound(by_stream_.begin(), by_stream_.end(), stream,
-                            [](const slot& e, Native s) { return std::less<Native>{}(e.first, s); });
-  }
-
   std::shared_ptr<entry> find(Native stream)
   {
-    {
-      const std::shared_lock<std::shared_mutex> lock{mu_};
-      if (const auto it = at(stream); it != by_stream_.end() && it->first == stream) return it->second;
-    }
-    const std::unique_lock<std::shared_mutex> lock{mu_};
-    if (!hooked_) {
-      Kokkos::push_finalize_hook([this] {
-        std::vector<slot> gone;
-        {
-          const std::unique_lock<std::shared_mutex> l{mu_};
-          gone.swap(by_stream_);
-          hooked_ = false;
-        }
-      });
-      hooked_ = true;
-    }
-    const auto it = at(stream);  // (another thread may have made it meanwhile)
-    if (it != by_stream_.end() && it->first == stream) return it->second;
-    if (by_stream_.size() == by_stream_.capacity()) {  // (may throw std::bad_alloc: nothing made yet)
-      by_stream_.reserve(std::max<std::size_t>(8, by_stream_.size() * 2));
-    }
-    std::shared_ptr<entry> made;
-    try {
-      made = std::shared_ptr<entry>(new entry{stream, Exec{stream}, {}});
-    } catch (const std::bad_alloc&) {
-      throw;
-    } catch (const std::exception& e) {  // Kokkos refused (its runtime_error): said plainly
-      throw depot::error(std::string{"depot::ops: Kokkos made no execution-space instance for stream "} +
-                             std::to_string(reinterpret_cast<std::uintptr_t>(stream)) + " (" + e.what() + ")" +
-                             instance_hint(),
-                         "Kokkos execution-space instance for a stream", __FILE__, __LINE__, 0, "kokkos_instance");
-    }
-    by_stream_.emplace(at(stream), stream, made);  // (reserved: no throw)
-    return made;
+    if (!hooked_.load(std::memory_order_acquire)) hook();
+    return kept_.get(static_cast<native_stream>(stream), [stream] {
+      try {
+        return std::shared_ptr<entry>(new entry{stream, Exec{stream}, {}});
+      } catch (const std::bad_alloc&) {
+        throw;
+      } catch (const std::exception& e) {  // Kokkos refused (its runtime_error): said plainly
+        throw depot::error(std::string{"depot::ops: Kokkos made no execution-space instance for stream "} +
+                               std::to_string(reinterpret_cast<std::uintptr_t>(stream)) + " (" + e.what() + ")" +
+                               instance_hint(),
+                           "Kokkos execution-space instance for a stream", __FILE__, __LINE__, 0, "kokkos_instance");
+      }
+    });
+  }
+  // Kokkos' finalisation drops every instance (once per initialisation).
+  void hook()
+  {
+    const std::lock_guard<std::mutex> lock{hook_mu_};
+    if (hooked_.load(std::memory_order_relaxed)) return;
+    Kokkos::push_finalize_hook([this] {
+      kept_.clear();
+      hooked_.store(false, std::memory_order_release);
+    });
+    hooked_.store(true, std::memory_order_release);
   }
 
-  device_kind kind_;
-  mutable std::shared_mutex mu_;
-  std::vector<slot> by_stream_;  // sorted by stream
-  bool hooked_ = false;
+  stream_keyed<entry> kept_;
+  std::mutex hook_mu_;
+  std::atomic<bool> hooked_{false};
 };
 
 // Exec's default instance (the default stream's, or the host's one instance) with the lock
