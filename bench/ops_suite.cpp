@@ -161,7 +161,8 @@ nlohmann::json launches_for(const options& opts)
       for (int k = 0; k < n_streams; ++k) streams.emplace_back(0);
       auto buf = strided_view<float, D>::empty({static_cast<std::int64_t>(n_streams) * row_floats});
       std::vector<strided_view<float, D>> parts;  // (made once: a view's copy is a reference count)
-      for (int k = 0; k < n_streams; ++k) parts.push_back(buf.view({static_cast<std::int64_t>(n_streams), row_floats}).select(0, k));
+      const auto rows2d = buf.view({static_cast<std::int64_t>(n_streams), row_floats});
+      for (int k = 0; k < n_streams; ++k) parts.push_back(rows2d.select(0, k));
       for (int k = 0; k < n_streams; ++k) ops::fill(parts[static_cast<std::size_t>(k)], 0.0F, streams[static_cast<std::size_t>(k)].ref());
       for (auto& st : streams) st.synchronize();
       for (const int threads : {1, 4}) {

@@ -37,7 +37,7 @@ void check_indices_typed(const array_ref& index, std::int64_t extent, int dim, s
   if (first_bad < n) {
     std::int64_t off[1];
     s.offsets(first_bad, off);
-    const X bad = read_one(p + off[0], guard);
+    const X bad = copy_one<D>(p + off[0]);  // (waited for above)
     throw index_error(static_cast<std::int64_t>(bad), dim, extent, first_bad);
   }
 }
@@ -158,7 +158,7 @@ void check_offsets(const array_ref& offsets, std::int64_t lo, std::int64_t hi, s
   if (first_bad < n) {
     std::int64_t off[1];
     s.offsets(first_bad, off);
-    const std::int64_t bad = read_one(p + off[0], guard);
+    const std::int64_t bad = copy_one<D>(p + off[0]);  // (waited for above)
     throw invalid_argument("depot: element offset " + std::to_string(bad) + " at position " +
                            std::to_string(first_bad) + " is outside the valid range [" + std::to_string(lo) +
                            ", " + std::to_string(hi) + "]");

@@ -139,10 +139,16 @@ using exec_space = typename D::kokkos::execution_space;
 template <class D, class I>
 using range = Kokkos::RangePolicy<exec_space<D>, Kokkos::IndexType<I>>;
 
+// [0, n) on an instance already found, or on `stream`'s instance.
+template <class D, class I>
+range<D, I> make_range(const exec_space<D>& exec, I n)
+{
+  return range<D, I>(exec, I{0}, n);
+}
 template <class D, class I>
 range<D, I> make_range(stream_ref<D> stream, I n)
 {
-  return range<D, I>(D::kokkos::instance(stream), I{0}, n);
+  return make_range<D, I>(D::kokkos::instance(stream), n);
 }
 
 // Kokkos 3.x with the OpenMP host backend keeps its host state per thread: it runs a host
@@ -199,7 +205,7 @@ class scratch_guard {
   template <class I>
   [[nodiscard]] range<D, I> range_of(I n) const
   {
-    return range<D, I>(held_.exec, I{0}, n);
+    return make_range<D, I>(held_.exec, n);
   }
   void wait() const { held_.exec.fence(); }
   // Call once the kernels are launched where nothing after them waits for the stream.
@@ -214,14 +220,22 @@ class scratch_guard {
   std::unique_lock<std::mutex> lock_;
 };
 
+// One element of device memory to the host, with no wait: the caller has waited for the
+// work that writes it.
+template <class D, class T>
+T copy_one(const T* device_ptr)
+{
+  T v{};
+  runtime<D>::copy(&v, device_ptr, sizeof(T));
+  return v;
+}
+
 // One element of device memory to the host, once the guarded instance's work is done.
 template <class D, class T>
 T read_one(const T* device_ptr, const scratch_guard<D>& guard)
 {
   guard.wait();
-  T v{};
-  runtime<D>::copy(&v, device_ptr, sizeof(T));
-  return v;
+  return copy_one<D>(device_ptr);
 }
 
 // Validates an index array (int32 or int64, any shape/strides) against `extent`: every
@@ -240,9 +254,7 @@ template <class D, class T>
 T read_one(const T* device_ptr, stream_ref<D> stream)
 {
   wait(stream);
-  T v{};
-  runtime<D>::copy(&v, device_ptr, sizeof(T));
-  return v;
+  return copy_one<D>(device_ptr);
 }
 
 [[nodiscard]] inline std::int64_t wrap_index(std::int64_t i, std::int64_t n) { return i < 0 ? i + n : i; }
