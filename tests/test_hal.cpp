@@ -21,9 +21,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -713,5 +715,97 @@ TEST_CASE_TEMPLATE("hal: stream_keyed keeps one value per live stream and drops 
   depot::runtime<D>::destroy_stream(raw, 0);
   table.clear();
   CHECK(table.size() == 0);
+  CHECK(keyed_probe::alive.load() == alive_before);
+}
+
+// stream_keyed's makers run outside the lookups' lock: while one makes a new stream's value
+// (a Kokkos instance: milliseconds), other threads' lookups of kept values, a closing and
+// size() go on; a value whose stream closed while it was made, or made across a clear(), is
+// the caller's and not kept (the next get() makes another); one made undisturbed is kept.
+TEST_CASE_TEMPLATE("hal: stream_keyed makes a value outside the lookups' lock, keeping none whose stream closed meanwhile",
+                   D, DEPOT_TEST_DEVICES)
+{
+  depot::stream_keyed<keyed_probe> table{D::kind};
+  const watched w{&table};
+  const int alive_before = keyed_probe::alive.load();
+  std::atomic<int> made{0};
+  const auto plain = [&](depot::native_stream s) {
+    return [&made, s] {
+      ++made;
+      return std::make_shared<keyed_probe>(s);
+    };
+  };
+  auto kept = std::make_unique<depot::stream<D>>();
+  auto doomed = std::make_unique<depot::stream<D>>();
+  auto kept_value = table.get(kept->native(), plain(kept->native()));
+  (void)table.get(doomed->native(), plain(doomed->native()));
+  REQUIRE(table.size() == 2);
+
+  // One maker held at work on a new stream; meanwhile this thread's lookups, a closing and
+  // size() answer (a wait of 10 s each: a lookup that waited for the maker fails, not hangs).
+  depot::stream<D> fresh;
+  std::promise<void> started, release;
+  std::shared_future<void> go{release.get_future().share()};
+  std::shared_ptr<keyed_probe> fresh_value;
+  std::thread maker{[&] {
+    fresh_value = table.get(fresh.native(), [&] {
+      ++made;
+      started.set_value();
+      go.wait();
+      return std::make_shared<keyed_probe>(fresh.native());
+    });
+  }};
+  started.get_future().wait();
+  auto lookup = std::async(std::launch::async, [&] { return table.get(kept->native(), plain(kept->native())); });
+  const bool answered = lookup.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  CHECK_MESSAGE(answered, "a lookup of a kept value waited for another stream's maker");
+  const auto closer = std::async(std::launch::async, [&] { doomed.reset(); });
+  const bool closed = closer.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  CHECK_MESSAGE(closed, "a stream's closing waited for another stream's maker");
+  release.set_value();
+  maker.join();
+  if (answered) CHECK(lookup.get().get() == kept_value.get());
+  CHECK(table.size() == 2);  // kept and fresh (another stream's closing does not stop it being kept)
+  CHECK(fresh_value->stream == fresh.native());
+  CHECK(table.get(fresh.native(), plain(fresh.native())).get() == fresh_value.get());
+  CHECK(made.load() == 3);
+
+  // Its own stream closing while the value is made: handed to the caller, not kept.
+  const depot::native_stream raw = depot::runtime<D>::create_stream(0);
+  auto lost = table.get(raw, [&] {
+    ++made;
+    depot::stream_registry::closing(depot::device_id::of<D>(0), raw);
+    return std::make_shared<keyed_probe>(raw);
+  });
+  CHECK(lost->stream == raw);
+  CHECK(table.size() == 2);
+  auto again = table.get(raw, plain(raw));  // (the handle still open: made anew, kept)
+  CHECK(again.get() != lost.get());
+  CHECK(table.size() == 3);
+  CHECK(made.load() == 5);
+  // Another stream's closing while a value is made keeps it (done above on another thread;
+  // here from the maker itself).
+  depot::stream<D> second;
+  auto second_value = table.get(second.native(), [&] {
+    ++made;
+    kept.reset();
+    return std::make_shared<keyed_probe>(second.native());
+  });
+  CHECK(table.size() == 3);  // second in, kept out
+  CHECK(table.get(second.native(), plain(second.native())).get() == second_value.get());
+  // A clear() while a value is made: nothing kept, that value included.
+  depot::stream<D> third;
+  auto third_value = table.get(third.native(), [&] {
+    ++made;
+    table.clear();
+    return std::make_shared<keyed_probe>(third.native());
+  });
+  CHECK(table.size() == 0);
+  CHECK(third_value->stream == third.native());
+  CHECK(made.load() == 7);
+  depot::stream_registry::closing(depot::device_id::of<D>(0), raw);
+  depot::runtime<D>::destroy_stream(raw, 0);
+  table.clear();
+  for (auto* held : {&kept_value, &fresh_value, &lost, &again, &second_value, &third_value}) held->reset();
   CHECK(keyed_probe::alive.load() == alive_before);
 }

@@ -23,9 +23,12 @@ namespace depot {
 // depot::stream's destruction, or closing() by a raw handle's owner; register it with
 // stream_registry::watch) or by clear(). Thread-safe: a get() of a kept value takes a shared
 // lock and a binary search over the live streams (threads at once do not wait for each
-// other; log n, where a list under one mutex grew as n); a first get(), a closing and clear()
-// take the lock alone. Values are shared: one a caller holds outlives its stream's closing
-// and goes as the last holder lets go; a dropped value is destroyed outside the lock.
+// other; log n, where a list under one mutex grew as n). Makers run one at a time (a lock of
+// their own) and outside the lookups' lock, so a new stream's first get() keeps no other
+// stream's get() waiting while its value is made; keeping it, a closing and clear() take
+// the lookups' lock alone, briefly. Values are shared: one a caller holds outlives its
+// stream's closing and goes as the last holder lets go; a dropped value is destroyed outside
+// the lock.
 // (ops/ keeps each stream's Kokkos execution-space instance in one.)
 template <class V>
 class stream_keyed final : public stream_registry::watcher {
@@ -35,22 +38,32 @@ class stream_keyed final : public stream_registry::watcher {
   stream_keyed& operator=(const stream_keyed&) = delete;
   ~stream_keyed() = default;
 
-  // The value of `stream`, made by make() (returning std::shared_ptr<V>) if it has none;
-  // make() runs under the lock held alone, once per stream. What make() throws comes out,
-  // with nothing kept (the next get() makes it again); so does std::bad_alloc.
+  // The value of `stream`, made by make() (returning std::shared_ptr<V>) if it has none.
+  // make() runs under the makers' lock (one maker at a time, for any stream; lookups of kept
+  // values and closings go on meanwhile), once per stream, except where `stream` closed or
+  // clear() ran while it made the value: that value is the caller's and is not kept (it is
+  // for a handle closed meanwhile), and the next get() makes another. What make()
+  // throws comes out, with nothing kept (the next get() makes it again); so does
+  // std::bad_alloc. make() must not call this object (its lock is not recursive).
   template <class Make>
   std::shared_ptr<V> get(native_stream stream, Make&& make)
   {
+    if (auto found = find(stream)) return found;
+    const std::lock_guard<std::mutex> one_maker{make_mu_};
+    if (auto found = find(stream)) return found;  // (another thread's maker made it meanwhile)
     {
-      const std::shared_lock<std::shared_mutex> lock{mu_};
-      if (const auto it = at(stream); it != slots_.end() && it->first == stream) return it->second;
+      const std::unique_lock<std::shared_mutex> lock{mu_};
+      making_ = {true, stream, false};
     }
+    std::shared_ptr<V> made = std::forward<Make>(make)();  // (throws: making_ stays, and is
+                                                          // set anew before the next make)
     const std::unique_lock<std::shared_mutex> lock{mu_};
-    const auto it = at(stream);  // (another thread may have made it meanwhile)
-    if (it != slots_.end() && it->first == stream) return it->second;
+    const bool closed = making_.closed;
+    making_ = {};
+    if (closed) return made;  // (not kept: see above)
+    const auto it = at(stream);  // (no other maker ran: still none for `stream`)
     const std::size_t i = static_cast<std::size_t>(it - slots_.begin());
     if (slots_.size() == slots_.capacity()) slots_.reserve(std::max<std::size_t>(8, slots_.size() * 2));
-    std::shared_ptr<V> made = std::forward<Make>(make)();
     slots_.emplace(slots_.begin() + static_cast<std::ptrdiff_t>(i), stream, made);  // (reserved: no throw)
     return made;
   }
@@ -68,6 +81,7 @@ class stream_keyed final : public stream_registry::watcher {
     std::vector<slot> gone;
     const std::unique_lock<std::shared_mutex> lock{mu_};
     gone.swap(slots_);
+    making_.closed = true;  // (a maker at work keeps nothing)
     // (gone is destroyed after the lock: declared before it)
   }
 
@@ -76,6 +90,7 @@ class stream_keyed final : public stream_registry::watcher {
     if (device.kind != kind_) return;
     std::shared_ptr<V> gone;  // (destroyed after the lock: declared before it)
     const std::unique_lock<std::shared_mutex> lock{mu_};
+    if (making_.on && making_.stream == stream) making_.closed = true;  // (its maker keeps nothing)
     const auto it = at(stream);
     if (it != slots_.end() && it->first == stream) {
       gone = std::move(it->second);
@@ -85,15 +100,30 @@ class stream_keyed final : public stream_registry::watcher {
 
  private:
   using slot = std::pair<native_stream, std::shared_ptr<V>>;
+  // The kept value of `stream`, or null (under the shared lock).
+  std::shared_ptr<V> find(native_stream stream) const
+  {
+    const std::shared_lock<std::shared_mutex> lock{mu_};
+    const auto it = std::lower_bound(slots_.begin(), slots_.end(), stream, before);
+    return it != slots_.end() && it->first == stream ? it->second : nullptr;
+  }
+  static bool before(const slot& e, native_stream s) noexcept { return std::less<native_stream>{}(e.first, s); }
   // The first slot whose stream is not below `stream` (caller holds mu_, either way).
   typename std::vector<slot>::iterator at(native_stream stream)
   {
-    return std::lower_bound(slots_.begin(), slots_.end(), stream,
-                            [](const slot& e, native_stream s) { return std::less<native_stream>{}(e.first, s); });
+    return std::lower_bound(slots_.begin(), slots_.end(), stream, before);
   }
 
   device_kind kind_;
-  mutable std::shared_mutex mu_;
+  mutable std::shared_mutex mu_;  // the lookups' lock
+  std::mutex make_mu_;            // the makers' lock (taken before mu_, never inside it)
+  // The value being made (makers run one at a time), and whether its stream closed or
+  // clear() ran since (under mu_).
+  struct making {
+    bool on = false;
+    native_stream stream = nullptr;
+    bool closed = false;
+  } making_;
   std::vector<slot> slots_;  // sorted by stream
 };
 
