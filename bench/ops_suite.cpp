@@ -151,10 +151,12 @@ nlohmann::json launches_for(const options& opts)
   nlohmann::json rows = nlohmann::json::array();
   if constexpr (is_gpu_v<D>) {
     constexpr int launches = 2000;
-    std::printf("\n%s: queueing a kernel on one of N live streams, host us per launch (fill of 1 KiB; "
-                "memset of the same, the raw enqueue; median of %d runs of %d launches a thread)\n",
+    std::printf("\n%s: queueing a kernel on one of N live streams, host us per launch (fill of 1 KiB with "
+                "1.0, a kernel; with 0.0, depot's fill by the backend's memset; the backend's memset of the "
+                "same, the raw enqueue; median of %d runs of %d launches a thread)\n",
                 std::string{D::name}.c_str(), opts.repetitions, launches);
-    std::printf("  %8s %8s %10s %10s %8s\n", "streams", "threads", "fill us", "memset us", "ratio");
+    std::printf("  %8s %8s %10s %10s %10s %8s\n", "streams", "threads", "fill us", "fill 0 us", "memset us",
+                "ratio");
     for (const int n_streams : {1, 16, 256}) {
       std::vector<stream<D>> streams;
       streams.reserve(static_cast<std::size_t>(n_streams));
@@ -168,7 +170,8 @@ nlohmann::json launches_for(const options& opts)
       for (const int threads : {1, 4}) {
         if (threads > n_streams) continue;
         // One run: each thread t launches on streams t, t + threads, ... in turn.
-        const auto run = [&](bool fill) {
+        enum class what { fill, fill_zero, memset };
+        const auto run = [&](what w) {
           const auto t0 = std::chrono::steady_clock::now();
           std::vector<std::thread> pool;
           for (int t = 0; t < threads; ++t) {
@@ -177,8 +180,10 @@ nlohmann::json launches_for(const options& opts)
               for (int i = 0; i < launches; ++i) {
                 const auto& st = streams[static_cast<std::size_t>(k)];
                 const auto& dst = parts[static_cast<std::size_t>(k)];
-                if (fill) {
+                if (w == what::fill) {
                   ops::fill(dst, 1.0F, st.ref());
+                } else if (w == what::fill_zero) {
+                  ops::fill(dst, 0.0F, st.ref());
                 } else {
                   runtime<D>::set_async(dst.data(), 0, row_floats * sizeof(float), st.native());
                 }
@@ -192,18 +197,18 @@ nlohmann::json launches_for(const options& opts)
           for (auto& st : streams) st.synchronize();
           return us / launches;
         };
-        std::vector<double> fill_us, memset_us;
-        run(true);
-        run(false);
+        std::vector<double> fill_us, zero_us, memset_us;
+        for (const what w : {what::fill, what::fill_zero, what::memset}) run(w);
         for (int r = 0; r < opts.repetitions; ++r) {
-          fill_us.push_back(run(true));
-          memset_us.push_back(run(false));
+          fill_us.push_back(run(what::fill));
+          zero_us.push_back(run(what::fill_zero));
+          memset_us.push_back(run(what::memset));
         }
-        const double f = median(fill_us), m = median(memset_us);
-        std::printf("  %8d %8d %10.2f %10.2f %8.2f\n", n_streams, threads, f, m, f / m);
+        const double f = median(fill_us), z = median(zero_us), m = median(memset_us);
+        std::printf("  %8d %8d %10.2f %10.2f %10.2f %8.2f\n", n_streams, threads, f, z, m, f / m);
         rows.push_back({{"device", std::string{D::name}}, {"operation", "launch on one of N streams"},
                         {"streams", n_streams}, {"threads", threads}, {"launches", launches},
-                        {"fill_us", f}, {"memset_us", m}, {"ratio", f / m}});
+                        {"fill_us", f}, {"fill_zero_us", z}, {"memset_us", m}, {"ratio", f / m}});
       }
     }
   }

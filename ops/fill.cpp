@@ -108,6 +108,18 @@ void fill_contiguous(U* p, std::int64_t n, U v, stream_ref<D> stream)
                          [=](std::int64_t c) { fill_range(c * chunk, std::min(chunk, n - c * chunk)); });
     return;
   }
+  // A value whose bytes are all the same (zero above all): the backend's memset, one enqueue
+  // of the driver's own (~1 us of the host's time, where a Kokkos launch costs ~5 us:
+  // BENCHMARKS.md) at the same bandwidth, in stream order on the same stream.
+  // The stream's Kokkos instance is still found (made at its first use, as a kernel would):
+  // a program whose first op on a stream is a zero fill on the thread that initialised
+  // Kokkos, and whose later kernels there come from other threads, runs as before with
+  // Kokkos 3.x's OpenMP host backend (see require_kokkos_host_thread).
+  if (unsigned char byte = 0; uniform_bytes(v, byte)) {
+    (void)D::kokkos::instance(stream);
+    runtime<D>::set_async(p, byte, static_cast<std::size_t>(n) * sizeof(U), stream.native());
+    return;
+  }
   const auto addr = reinterpret_cast<std::uintptr_t>(p);
   if (addr % sizeof(U) != 0 || n < 64) {
     fill_elements<D, U>(p, n, v, stream);

@@ -615,7 +615,10 @@ struct watched {
 TEST_CASE_TEMPLATE("hal: stream_keyed keeps one value per live stream and drops it as the stream closes", D,
                    DEPOT_TEST_DEVICES)
 {
-  depot::stream_keyed<keyed_probe> table{D::kind};
+  // (on the heap: std::mutex's destructor tells TSan nothing, so a later test's mutex in the
+  // same stack slot would read to it as this table's, making lock-order cycles of its own)
+  const auto table_owner = std::make_unique<depot::stream_keyed<keyed_probe>>(D::kind);
+  auto& table = *table_owner;
   const watched w{&table};
   std::mt19937_64 rng{depot::test::seed("hal stream_keyed", 1207)};
   std::atomic<int> made{0};
@@ -725,7 +728,10 @@ TEST_CASE_TEMPLATE("hal: stream_keyed keeps one value per live stream and drops 
 TEST_CASE_TEMPLATE("hal: stream_keyed makes a value outside the lookups' lock, keeping none whose stream closed meanwhile",
                    D, DEPOT_TEST_DEVICES)
 {
-  depot::stream_keyed<keyed_probe> table{D::kind};
+  // (on the heap: std::mutex's destructor tells TSan nothing, so a later test's mutex in the
+  // same stack slot would read to it as this table's, making lock-order cycles of its own)
+  const auto table_owner = std::make_unique<depot::stream_keyed<keyed_probe>>(D::kind);
+  auto& table = *table_owner;
   const watched w{&table};
   const int alive_before = keyed_probe::alive.load();
   std::atomic<int> made{0};

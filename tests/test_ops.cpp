@@ -59,8 +59,39 @@ TEST_CASE_TEMPLATE("ops: fill writes exactly the requested elements", D, DEPOT_T
     check_fill<D, std::int32_t>(n, -7);
     check_fill<D, std::int64_t>(n, std::int64_t{1} << 40);
     check_fill<D, std::uint8_t>(n, std::uint8_t{0x7E});
+    // Values whose bytes are all the same (the backend's memset on a GPU), odd counts and
+    // addresses off 16 bytes included (the guard element shifts them by one element).
+    check_fill<D, float>(n, 0.0F);
+    check_fill<D, double>(n, 0.0);
+    check_fill<D, std::int32_t>(n, -1);
+    check_fill<D, std::int64_t>(n, std::int64_t{0x0101010101010101});
   }
   CHECK(depot::ops::kokkos_is_initialized());
+}
+
+// Fills by the backend's memset (uniform bytes) and by a kernel, queued in turn on one
+// stream with no wait between them, land in that order.
+TEST_CASE_TEMPLATE("ops: memset fills and kernel fills on one stream land in stream order", D, DEPOT_TEST_DEVICES)
+{
+  using rt = depot::runtime<D>;
+  constexpr std::size_t n = (std::size_t{1} << 22) + 5;  // large enough to still run when the next is queued
+  void* raw = rt::allocate(n * sizeof(float), 0);
+  auto* p = static_cast<float*>(raw);
+  depot::stream<D> s;
+  for (int round = 0; round < 4; ++round) {
+    CAPTURE(round);
+    const bool memset_last = round % 2 == 0;
+    depot::ops::fill<D, float>(p, n, memset_last ? 2.5F : 0.0F, s);
+    depot::ops::fill<D, float>(p + 1, n - 2, memset_last ? 0.0F : 2.5F, s);
+    s.synchronize();
+    std::vector<float> back(n);
+    rt::copy(back.data(), raw, n * sizeof(float));
+    const float inner = memset_last ? 0.0F : 2.5F, outer = memset_last ? 2.5F : 0.0F;
+    CHECK(back.front() == outer);
+    CHECK(back.back() == outer);
+    CHECK(std::count(back.begin() + 1, back.end() - 1, inner) == static_cast<std::ptrdiff_t>(n - 2));
+  }
+  rt::deallocate(raw, 0);
 }
 
 TEST_CASE_TEMPLATE("ops: fill of nothing, and of a null pointer", D, DEPOT_TEST_DEVICES)
@@ -128,6 +159,28 @@ TEST_CASE_TEMPLATE("ops: a stream's first kernel from another thread runs, or is
     CHECK_FALSE(failed);
   }
   CHECK(all_equal(7));
+  // A zero fill (the backend's memset on a GPU) as a new stream's first op makes its
+  // instance here too, as a kernel would: a kernel from another thread then runs there.
+  {
+    depot::stream<D> s2;
+    depot::ops::fill<D, std::int32_t>(data, n, 0, s2);
+    s2.synchronize();
+    CHECK(all_equal(0));
+    bool ran = false;
+    std::string why;
+    std::thread t{[&] {
+      try {
+        depot::ops::fill<D, std::int32_t>(data, n, 9, s2);
+        s2.synchronize();
+        ran = true;
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }};
+    t.join();
+    CHECK_MESSAGE(ran, why);
+    CHECK(all_equal(9));
+  }
   rt::deallocate(data, 0);
 }
 
