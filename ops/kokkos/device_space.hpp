@@ -79,10 +79,10 @@ inline std::string instance_hint()
 // stream ever used, they grew without bound in a program that makes and destroys streams.
 // Each has its own lock for its scratch area (scratch_guard). Thread-safe: a launch finds
 // its stream's instance by stream_keyed's shared lock and binary search (threads that launch
-// at once do not wait for each other), and a new stream's instance is made outside that lock
-// (launches on other streams go on; Kokkos makes one instance at a time). Never destroyed (streams close during static
-// destruction too). A refusal by Kokkos is a depot::error naming the stream (and
-// instance_hint's cause).
+// at once do not wait for each other), and a new stream's instance is made outside that
+// lock (launches on other streams go on; Kokkos makes one instance at a time). Never
+// destroyed (streams close during static destruction too). A refusal by Kokkos is a
+// depot::error naming the stream (and instance_hint's cause).
 template <class Exec, class Native>
 class instance_table {
  public:
