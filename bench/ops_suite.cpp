@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <random>
 #include <string>
@@ -174,25 +175,35 @@ nlohmann::json launches_for(const options& opts)
         const auto run = [&](what w) {
           const auto t0 = std::chrono::steady_clock::now();
           std::vector<std::thread> pool;
+          // (a launch refused on a thread, e.g. by Kokkos 3.x's per-thread host state, is
+          // rethrown here once all have joined, not a std::terminate)
+          std::vector<std::exception_ptr> failed(static_cast<std::size_t>(threads));
           for (int t = 0; t < threads; ++t) {
             pool.emplace_back([&, t] {
-              int k = t;
-              for (int i = 0; i < launches; ++i) {
-                const auto& st = streams[static_cast<std::size_t>(k)];
-                const auto& dst = parts[static_cast<std::size_t>(k)];
-                if (w == what::fill) {
-                  ops::fill(dst, 1.0F, st.ref());
-                } else if (w == what::fill_zero) {
-                  ops::fill(dst, 0.0F, st.ref());
-                } else {
-                  runtime<D>::set_async(dst.data(), 0, row_floats * sizeof(float), st.native());
+              try {
+                int k = t;
+                for (int i = 0; i < launches; ++i) {
+                  const auto& st = streams[static_cast<std::size_t>(k)];
+                  const auto& dst = parts[static_cast<std::size_t>(k)];
+                  if (w == what::fill) {
+                    ops::fill(dst, 1.0F, st.ref());
+                  } else if (w == what::fill_zero) {
+                    ops::fill(dst, 0.0F, st.ref());
+                  } else {
+                    runtime<D>::set_async(dst.data(), 0, row_floats * sizeof(float), st.native());
+                  }
+                  k += threads;
+                  if (k >= n_streams) k = t;
                 }
-                k += threads;
-                if (k >= n_streams) k = t;
+              } catch (...) {
+                failed[static_cast<std::size_t>(t)] = std::current_exception();
               }
             });
           }
           for (auto& th : pool) th.join();
+          for (const auto& e : failed) {
+            if (e) std::rethrow_exception(e);
+          }
           const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
           for (auto& st : streams) st.synchronize();
           return us / launches;
